@@ -1,0 +1,135 @@
+"""Pure-Python twin of the native ``TripleHeap``: ``heapq`` over ``(time, ledger, entry)`` tuples.
+
+Tuple order is the same lexicographic order the native heap uses, so both pop the same sequence.
+Storage order differs (``to_arrays`` is documented as unordered). ``nbytes`` is an estimate of
+the list plus its tuples and ints.
+"""
+
+from __future__ import annotations
+
+import heapq
+import sys
+
+import numpy as np
+import numpy.typing as npt
+
+from delayindex._pure._ints import as_i64
+
+_TRIPLE_BYTES = sys.getsizeof((0, 0, 0)) + 3 * sys.getsizeof(2**40)
+
+Int64Array = npt.NDArray[np.int64]
+
+
+class TripleHeap:
+    """Min-heap of ``(time, ledger, entry)`` int64 triples (reference implementation)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: list[tuple[int, int, int]] = []
+
+    def push(self, time: int, ledger: int, entry: int) -> None:
+        """Insert the triple ``(time, ledger, entry)`` of ints (``OverflowError`` past int64)."""
+        heapq.heappush(self._items, (as_i64(time), as_i64(ledger), as_i64(entry)))
+
+    def push_many(self, times: Int64Array, ledgers: Int64Array, entries: Int64Array) -> None:
+        """Insert ``(times[i], ledgers[i], entries[i])`` for every i (equal-length int64 arrays)."""
+        columns = [_int64_column(a) for a in (times, ledgers, entries)]
+        k = len(columns[0])
+        if len(columns[1]) != k or len(columns[2]) != k:
+            raise ValueError(
+                f"push_many needs arrays of equal length, got {k}, {len(columns[1])}, "
+                f"{len(columns[2])}"
+            )
+        batch = list(zip(*(c.tolist() for c in columns), strict=True))
+        if len(batch) >= len(self._items):
+            self._items.extend(batch)
+            heapq.heapify(self._items)
+        else:
+            for item in batch:
+                heapq.heappush(self._items, item)
+
+    def peek(self) -> tuple[int, int, int]:
+        """Return the smallest triple without removing it."""
+        if not self._items:
+            raise IndexError("peek from an empty TripleHeap")
+        return self._items[0]
+
+    def pop(self) -> tuple[int, int, int]:
+        """Remove and return the smallest triple."""
+        if not self._items:
+            raise IndexError("pop from an empty TripleHeap")
+        return heapq.heappop(self._items)
+
+    def pop_due(self, cutoff: int, max_n: int) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """Pop up to ``max_n`` heads whose time is ``<= cutoff``; three int64 arrays."""
+        cutoff = as_i64(cutoff)
+        max_n = as_i64(max_n)
+        items = self._items
+        popped: list[tuple[int, int, int]] = []
+        while len(popped) < max_n and items and items[0][0] <= cutoff:
+            popped.append(heapq.heappop(items))
+        if not popped:
+            empty = np.empty(0, dtype=np.int64)
+            return empty, empty.copy(), empty.copy()
+        times, ledgers, entries = (np.array(c, dtype=np.int64) for c in zip(*popped, strict=True))
+        return times, ledgers, entries
+
+    def remove(self, ledger: int, entry: int) -> int:
+        """Remove every triple at position ``(ledger, entry)``; O(n). Returns the count removed."""
+        ledger = as_i64(ledger)
+        entry = as_i64(entry)
+        kept = [item for item in self._items if item[1] != ledger or item[2] != entry]
+        removed = len(self._items) - len(kept)
+        if removed:
+            heapq.heapify(kept)
+            self._items = kept
+        return removed
+
+    def clear(self) -> None:
+        """Remove everything."""
+        self._items = []
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    @property
+    def nbytes(self) -> int:
+        """Estimated bytes held: the list and one tuple of three ints per node."""
+        return sys.getsizeof(self._items) + len(self._items) * _TRIPLE_BYTES
+
+    def to_arrays(self) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """Copy the nodes, in unspecified order, into three int64 numpy arrays."""
+        if not self._items:
+            empty = np.empty(0, dtype=np.int64)
+            return empty, empty.copy(), empty.copy()
+        times, ledgers, entries = (
+            np.array(c, dtype=np.int64) for c in zip(*self._items, strict=True)
+        )
+        return times, ledgers, entries
+
+    def _check(self) -> None:
+        """Assert the heap invariant; raises ``AssertionError`` naming the broken node."""
+        items = self._items
+        for i in range(1, len(items)):
+            parent = (i - 1) >> 1
+            if items[i] < items[parent]:
+                raise AssertionError(
+                    f"TripleHeap order broken at node {i}: {items[i]} < parent {items[parent]}"
+                )
+
+    def __repr__(self) -> str:
+        return f"<TripleHeap n={len(self._items)} (pure)>"
+
+
+def _int64_column(values: object) -> Int64Array:
+    array = np.asarray(values)
+    if array.dtype != np.int64 or array.ndim != 1:
+        raise ValueError(
+            f"Buffer dtype mismatch, expected a 1-d int64 array, got {array.dtype} "
+            f"with {array.ndim} dimension(s)"
+        )
+    return array
