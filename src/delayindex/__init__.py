@@ -1,0 +1,40 @@
+"""delayindex: a compact, crash-safe index of delayed (scheduled) messages for dispatchers.
+
+The public API is re-exported here; everything else is internal.
+"""
+
+from delayindex._impl import NATIVE, wall_clock_ms
+from delayindex.clock import ManualClock
+from delayindex.config import TrackerConfig
+from delayindex.errors import (
+    DelayIndexError,
+    RecoveryError,
+    SnapshotCorruptError,
+    StorageError,
+    TrackerClosedError,
+)
+from delayindex.model import Position
+from delayindex.timers import AsyncioTimer, ManualTimer, ThreadingTimer, Timer, TimerHandle
+from delayindex.tracker import InMemoryTracker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "NATIVE",
+    "AsyncioTimer",
+    "DelayIndexError",
+    "InMemoryTracker",
+    "ManualClock",
+    "ManualTimer",
+    "Position",
+    "RecoveryError",
+    "SnapshotCorruptError",
+    "StorageError",
+    "ThreadingTimer",
+    "Timer",
+    "TimerHandle",
+    "TrackerClosedError",
+    "TrackerConfig",
+    "__version__",
+    "wall_clock_ms",
+]

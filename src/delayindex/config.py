@@ -1,0 +1,69 @@
+"""Tracker configuration: one frozen, validated dataclass instead of positional knobs."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class TrackerConfig:
+    """Settings shared by :class:`InMemoryTracker` and :class:`DelayIndex`.
+
+    Every field is checked in ``__post_init__``; a bad value raises ``ValueError`` (or
+    ``TypeError`` for a wrong type) naming the field. Defaults follow Pulsar's, except
+    ``max_num_buckets``, which is on (50) because merging is what keeps the bucket count bounded.
+    """
+
+    #: Tick: non-strict cutoff slack and the minimum interval between timer fires.
+    tick_ms: int = 1000
+    #: Never deliver before ``deliver_at`` (cutoff = now instead of now + tick).
+    strict: bool = False
+    #: Seal the mutable bucket once it holds this many indexes and a newer ledger arrives.
+    min_index_count_per_bucket: int = 50_000
+    #: Maximum time span of one snapshot segment.
+    max_time_step_per_segment_ms: int = 300_000
+    #: Maximum indexes per segment; -1 means unlimited.
+    max_indexes_per_segment: int = 5_000
+    #: More sealed buckets than this triggers trim and merge; <= 0 disables both.
+    max_num_buckets: int = 50
+    #: Fixed-delay detection threshold (Pulsar's lookahead); 0 disables it.
+    fixed_delay_lookahead: int = 50_000
+    #: Pause deliveries while more than ``max_unpersisted_indexes`` live only in memory.
+    pause_on_unpersisted: bool = False
+    #: The bound used by ``pause_on_unpersisted``.
+    max_unpersisted_indexes: int = 1_000_000
+    #: A snapshot delete failing this many times moves to the dead-letter list.
+    max_delete_attempts: int = 10
+    #: First retry delay of a failed delete; later retries back off from it.
+    delete_retry_delay_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type == "bool":
+                if not isinstance(value, bool):
+                    raise TypeError(f"TrackerConfig.{field.name} must be a bool, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"TrackerConfig.{field.name} must be an int, got {value!r}")
+        _at_least("tick_ms", self.tick_ms, 0)
+        _at_least("min_index_count_per_bucket", self.min_index_count_per_bucket, 1)
+        _at_least("max_time_step_per_segment_ms", self.max_time_step_per_segment_ms, 1)
+        if self.max_indexes_per_segment != -1:
+            _at_least("max_indexes_per_segment", self.max_indexes_per_segment, 1, "or -1")
+        _at_least("fixed_delay_lookahead", self.fixed_delay_lookahead, 0)
+        _at_least("max_unpersisted_indexes", self.max_unpersisted_indexes, 0)
+        _at_least("max_delete_attempts", self.max_delete_attempts, 1)
+        _at_least("delete_retry_delay_ms", self.delete_retry_delay_ms, 0)
+        if self.tick_ms >= 2**62:
+            raise ValueError(f"TrackerConfig.tick_ms is out of range: {self.tick_ms}")
+
+    def replace(self, **changes: object) -> TrackerConfig:
+        """Return a copy with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _at_least(name: str, value: int, minimum: int, alternative: str = "") -> None:
+    if value < minimum:
+        extra = f" {alternative}" if alternative else ""
+        raise ValueError(f"TrackerConfig.{name} must be >= {minimum}{extra}, got {value}")

@@ -1,0 +1,61 @@
+"""Shared fixtures: implementation pairs (native/pure), clocks, hypothesis profiles.
+
+Tests import the *installed* package (``--import-mode=importlib``). The public API uses whatever
+``delayindex._impl`` selected (``DELAYINDEX_NO_EXTENSIONS=1`` forces pure; CI runs the suite both
+ways); structure-level tests additionally run every available twin in the same session.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from delayindex import ManualClock, _impl
+
+settings.register_profile(
+    "ci", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", max_examples=60, deadline=None)
+settings.register_profile("thorough", max_examples=2000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+NATIVE_BUILT = _impl.native_module_or_none() is not None
+
+
+def _native(name: str) -> Any:
+    module = _impl.native_module_or_none()
+    if module is None:
+        pytest.fail("the native extension delayindex._native is not built; reinstall the package")
+    return getattr(module, name)
+
+
+HEAP_IMPLS: dict[str, Callable[[], Any]] = {
+    "native": lambda: _native("TripleHeap"),
+    "pure": lambda: _impl.PureTripleHeap,
+}
+CORE_IMPLS: dict[str, Callable[[], Any]] = {
+    "native": lambda: _native("TrackerCore"),
+    "pure": lambda: _impl.PureTrackerCore,
+}
+
+
+@pytest.fixture(params=sorted(HEAP_IMPLS))
+def heap_cls(request: pytest.FixtureRequest) -> Any:
+    """Each TripleHeap implementation in turn (the heap contract suite binds to this)."""
+    return HEAP_IMPLS[request.param]()
+
+
+@pytest.fixture(params=sorted(CORE_IMPLS))
+def core_cls(request: pytest.FixtureRequest) -> Any:
+    """Each TrackerCore implementation in turn."""
+    return CORE_IMPLS[request.param]()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A manual clock at t = 1_000_000 ms."""
+    return ManualClock(1_000_000)
