@@ -179,8 +179,8 @@ cdef class TrackerCore:
         check_ids(c_ledger, c_entry)
         return self.cadd(c_ledger, c_entry, c_deliver_at, self.cutoff(c_now))
 
-    def add_many(self, const int64_t[:] ledgers, const int64_t[:] entries,
-                 const int64_t[:] deliver_ats, now):
+    def add_many(self, const int64_t[:] ledgers not None, const int64_t[:] entries not None,
+                 const int64_t[:] deliver_ats not None, now):
         """``add`` for each element in order; validates everything before changing anything.
 
         Returns a numpy bool array: True where the position is now tracked.

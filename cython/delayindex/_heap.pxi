@@ -236,8 +236,8 @@ cdef class TripleHeap:
         """Insert the triple ``(time, ledger, entry)`` of ints (``OverflowError`` past int64)."""
         self.cpush(as_i64(time), as_i64(ledger), as_i64(entry))
 
-    def push_many(self, const int64_t[:] times, const int64_t[:] ledgers,
-                  const int64_t[:] entries) -> None:
+    def push_many(self, const int64_t[:] times not None, const int64_t[:] ledgers not None,
+                  const int64_t[:] entries not None) -> None:
         """Insert ``(times[i], ledgers[i], entries[i])`` for every i (int64 arrays of equal length).
 
         Large batches are appended and re-heapified in O(n + k); small ones are sifted in.

@@ -46,6 +46,8 @@ class TrackerConfig:
                     raise TypeError(f"TrackerConfig.{field.name} must be a bool, got {value!r}")
             elif isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"TrackerConfig.{field.name} must be an int, got {value!r}")
+            elif value >= _SETTING_LIMIT:  # keeps every setting far inside the native int64 range
+                raise ValueError(f"TrackerConfig.{field.name} must be < 2**62, got {value}")
         _at_least("tick_ms", self.tick_ms, 0)
         _at_least("min_index_count_per_bucket", self.min_index_count_per_bucket, 1)
         _at_least("max_time_step_per_segment_ms", self.max_time_step_per_segment_ms, 1)
@@ -55,12 +57,13 @@ class TrackerConfig:
         _at_least("max_unpersisted_indexes", self.max_unpersisted_indexes, 0)
         _at_least("max_delete_attempts", self.max_delete_attempts, 1)
         _at_least("delete_retry_delay_ms", self.delete_retry_delay_ms, 0)
-        if self.tick_ms >= 2**62:
-            raise ValueError(f"TrackerConfig.tick_ms is out of range: {self.tick_ms}")
 
     def replace(self, **changes: object) -> TrackerConfig:
         """Return a copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+_SETTING_LIMIT = 2**62
 
 
 def _at_least(name: str, value: int, minimum: int, alternative: str = "") -> None:

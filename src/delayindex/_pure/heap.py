@@ -126,7 +126,10 @@ class TripleHeap:
 
 
 def _int64_column(values: object) -> Int64Array:
-    array = np.asarray(values)
+    # Mirrors the native typed-memoryview argument: an int64 buffer, never a list or None.
+    if not isinstance(values, np.ndarray):
+        raise TypeError(f"a 1-d int64 array is required, not {type(values).__name__!r}")
+    array = values
     if array.dtype != np.int64 or array.ndim != 1:
         raise ValueError(
             f"Buffer dtype mismatch, expected a 1-d int64 array, got {array.dtype} "

@@ -1,0 +1,55 @@
+"""The ``delayindex`` command line: the demo verifies itself and exit codes follow the docs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from delayindex.cli import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, main
+from delayindex.demo import DemoResult, run_demo
+
+
+def test_demo_json_verifies(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--messages", "30000", "--json"]) == EXIT_OK
+    result = json.loads(capsys.readouterr().out)
+    assert result["ok"] is True
+    assert result["messages"] == 30_000
+    assert result["lost"] == result["polled_twice"] == result["early"] == 0
+    # Every tracked message came back through poll unless a replay found it due first.
+    assert 0 < result["polled"] <= result["tracked"]
+    assert result["immediate"] + result["tracked"] == 30_000
+
+
+def test_demo_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--messages", "5000", "--strict", "--tick-ms", "0", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "verified" in out and "lost" in out
+
+
+def test_demo_result_flags_problems() -> None:
+    result = run_demo(2000, seed=3)
+    assert result.ok
+    broken = DemoResult(**{**result.__dict__, "lost": 1})
+    assert not broken.ok
+
+
+@pytest.mark.parametrize("argv", [["demo", "--messages", "0"], ["demo", "--tick-ms", "-1"], []])
+def test_usage_errors_exit_2(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == EXIT_USAGE
+
+
+def test_python_dash_m_entry_point() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "delayindex", "demo", "--messages", "2000", "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == EXIT_OK, done.stderr
+    assert json.loads(done.stdout)["ok"] is True
+    assert EXIT_CHECK_FAILED == 1
