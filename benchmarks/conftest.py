@@ -61,6 +61,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
     """Collect ``bench_*.py`` (the default ``python_files`` only matches ``test_*.py``)."""
+    if parent.session.isinitpath(file_path):
+        return None  # named on the command line: pytest's own collector takes it
     if file_path.suffix == ".py" and file_path.name.startswith("bench_"):
         return pytest.Module.from_parent(parent, path=file_path)
     return None
@@ -302,7 +304,9 @@ def summary_lines(benchmarks: list[dict[str, Any]]) -> list[str]:
     for group, members in sorted(groups.items(), key=lambda item: _group_sort_key(item[0])):
         baselines = [b for b in members if BASELINE_MARK in b["name"]]
         others = [b for b in members if BASELINE_MARK not in b["name"]]
-        if all("rss_bytes_per_msg" in b["extra_info"] for b in members):
+        if all("indexes" in b["extra_info"] for b in members):
+            lines.append(f"{group}: " + _codec_line(members))
+        elif all("rss_bytes_per_msg" in b["extra_info"] for b in members):
             lines.append(f"{group}: " + _memory_line(baselines, others))
         elif len(baselines) == 1:
             lines.append(f"{group}: " + _speed_line(baselines[0], others))
@@ -310,6 +314,16 @@ def summary_lines(benchmarks: list[dict[str, Any]]) -> list[str]:
             times = ", ".join(f"{_label(b)} {_format_seconds(b['min'])}" for b in members)
             lines.append(f"{group}: (no single heapq baseline) min {times}")
     return lines
+
+
+def _codec_line(members: list[dict[str, Any]]) -> str:
+    parts = []
+    for bench in sorted(members, key=lambda b: b["min"]):
+        info = bench["extra_info"]
+        rate = info["indexes"] / bench["min"]
+        parts.append(f"{_label(bench)} {rate / 1e6:.1f} M indexes/s")
+    info = members[0]["extra_info"]
+    return f"{', '.join(parts)}; {info['bytes_per_index']:.2f} B/index on disk"
 
 
 def _group_sort_key(group: str) -> tuple[str, int]:

@@ -131,57 +131,27 @@ def test_generated_files_have_header() -> None:
 
 
 def test_snapshot_metadata_round_trip() -> None:
-    entries = [0, 1, 2, 7, 1000, 65_535, 65_536, 1 << 20]
-    bitmap = BitMap(entries)
+    bitmap = BitMap([0, 1, 2, 7, 65_536, (1 << 32) - 1])
     meta = snapshot_pb2.SnapshotMetadata(
         format_version=1,
         start_ledger=10,
-        end_ledger=12,
-        num_messages=len(entries),
+        end_ledger=(1 << 63) - 1,
+        num_messages=7,
+        min_deliver_at_deltas=[1_700_000_000_000, -5, 1 << 40],
+        deliver_at_spans=[0, 300_000, 9],
+        counts=[1, 5, 1],
+        ledger_counts=[2, 1, 1],
+        ledger_deltas=[1, 1 << 62, 0, 3],
+        bitmaps=[bitmap.serialize(), BitMap([3]).serialize(), b"", b"x"],
     )
-    seg = meta.segments.add(min_deliver_at=-5, max_deliver_at=1_700_000_000_000, count=8)
-    seg.ledger_bitmaps[11] = bitmap.serialize()
-    seg.ledger_bitmaps[(1 << 64) - 1] = BitMap().serialize()
-
     parsed = snapshot_pb2.SnapshotMetadata.FromString(meta.SerializeToString())
-
     assert parsed == meta
-    assert parsed.format_version == 1
-    assert (parsed.start_ledger, parsed.end_ledger, parsed.num_messages) == (10, 12, 8)
-    assert len(parsed.segments) == 1
-    pseg = parsed.segments[0]
-    assert (pseg.min_deliver_at, pseg.max_deliver_at, pseg.count) == (-5, 1_700_000_000_000, 8)
-    assert sorted(pseg.ledger_bitmaps) == [11, (1 << 64) - 1]
-    restored = BitMap.deserialize(pseg.ledger_bitmaps[11])
-    assert restored == bitmap
-    assert list(restored) == entries
-    assert len(BitMap.deserialize(pseg.ledger_bitmaps[(1 << 64) - 1])) == 0
+    assert list(parsed.min_deliver_at_deltas) == [1_700_000_000_000, -5, 1 << 40]
+    assert BitMap.deserialize(parsed.bitmaps[0]) == bitmap
+    assert list(parsed.ledger_deltas) == [1, 1 << 62, 0, 3]
 
 
-def test_snapshot_segment_round_trip_with_negative_deltas() -> None:
-    deliver_at_deltas = [1_700_000_000_000, 0, 5, -3, -(1 << 62), 1 << 62]
-    ledger_deltas = [42, 0, 1, (1 << 64) - 1, 3, 0]
-    entry_ids = [0, 1, 0, (1 << 32) - 1, 9, 10]
-    seg = snapshot_pb2.SnapshotSegment(
-        format_version=1,
-        count=len(entry_ids),
-        deliver_at_deltas=deliver_at_deltas,
-        ledger_deltas=ledger_deltas,
-        entry_ids=entry_ids,
-    )
-
-    data = seg.SerializeToString()
-    parsed = snapshot_pb2.SnapshotSegment.FromString(data)
-
-    assert parsed == seg
-    assert parsed.count == len(entry_ids)
-    assert list(parsed.deliver_at_deltas) == deliver_at_deltas
-    assert list(parsed.ledger_deltas) == ledger_deltas
-    assert list(parsed.entry_ids) == entry_ids
-
-
-def test_snapshot_segment_columns_are_packed_zigzag() -> None:
-    # Field 3, wire type 2 (length-delimited) = tag byte 0x1A: the whole
-    # deliver_at column is one packed field. zigzag(-1) = 1 and zigzag(1) = 2.
-    seg = snapshot_pb2.SnapshotSegment(deliver_at_deltas=[-1, 1, -1])
-    assert seg.SerializeToString() == bytes([0x1A, 3, 1, 2, 1])
+def test_metadata_columns_are_packed_zigzag() -> None:
+    meta = snapshot_pb2.SnapshotMetadata(min_deliver_at_deltas=[-1, 1, -1])
+    # field 5, wire type 2 (packed), length 3, zigzag varints 1, 2, 1
+    assert meta.SerializeToString() == bytes([(5 << 3) | 2, 3, 1, 2, 1])

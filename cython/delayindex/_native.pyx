@@ -102,3 +102,4 @@ cdef inline int64_t as_i64(object value) except? -1:
 
 include "_heap.pxi"
 include "_core.pxi"
+include "_codec.pxi"

@@ -2,16 +2,19 @@
 
 The native extension ``delayindex._native`` is used when it imports, unless the environment
 variable ``DELAYINDEX_NO_EXTENSIONS`` is set to a non-empty value other than ``0``, which forces
-the pure twins in ``delayindex._pure``. ``NATIVE`` tells which one is active.
+the pure twins in ``delayindex._pure`` (and ``delayindex.clock`` for the wall clock). ``NATIVE``
+tells which one is active. A failed import of a built-but-broken extension warns.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from delayindex import clock as _pure_clock
+from delayindex._pure import codec as _pure_codec
 from delayindex._pure import core as _pure_core
 from delayindex._pure import heap as _pure_heap
 
@@ -20,35 +23,18 @@ _FORCED_PURE = os.environ.get("DELAYINDEX_NO_EXTENSIONS", "") not in ("", "0")
 PureTripleHeap = _pure_heap.TripleHeap
 PureTrackerCore = _pure_core.TrackerCore
 pure_wall_clock_ms = _pure_clock.wall_clock_ms
-
-if TYPE_CHECKING:
-    from delayindex._pure.core import TrackerCore
-    from delayindex._pure.heap import TripleHeap
-    from delayindex.clock import wall_clock_ms
-
-    NATIVE: bool
-elif _FORCED_PURE:
-    TripleHeap, TrackerCore, NATIVE = PureTripleHeap, PureTrackerCore, False
-    wall_clock_ms = pure_wall_clock_ms
-else:
-    try:
-        from delayindex._native import TrackerCore, TripleHeap
-    except ImportError as exc:  # pragma: no cover - exercised only where the build failed
-        warnings.warn(
-            f"delayindex native extension unavailable ({exc}); using the slower pure-Python "
-            "twins. Reinstall with a C compiler to get the native hot path.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        TripleHeap, TrackerCore, NATIVE = PureTripleHeap, PureTrackerCore, False
-        wall_clock_ms = pure_wall_clock_ms
-    else:
-        from delayindex._native import wall_clock_ms
-
-        NATIVE = True
+#: The codec kernels: each is a function of both ``_native`` and ``_pure.codec``.
+CODEC_KERNELS = (
+    "decode_segments",
+    "murmur3_32",
+    "pack_times",
+    "read_varints",
+    "roaring_cardinalities",
+    "roaring_entries",
+)
 
 
-def native_module_or_none() -> object | None:
+def native_module_or_none() -> ModuleType | None:
     """Return the native module if it is built (whatever the switch says), else ``None``."""
     try:
         from delayindex import _native
@@ -57,12 +43,69 @@ def native_module_or_none() -> object | None:
     return _native
 
 
+def _load() -> tuple[ModuleType | None, bool]:
+    if _FORCED_PURE:
+        return None, False
+    try:
+        from delayindex import _native
+    except ImportError as exc:  # pragma: no cover - exercised only where the build failed
+        warnings.warn(
+            f"delayindex native extension unavailable ({exc}); using the slower pure-Python "
+            "twins. Reinstall with a C compiler to get the native hot path.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None, False
+    return _native, True
+
+
+if TYPE_CHECKING:
+    from delayindex._pure.codec import (
+        decode_segments,
+        murmur3_32,
+        pack_times,
+        read_varints,
+        roaring_cardinalities,
+        roaring_entries,
+    )
+    from delayindex._pure.core import TrackerCore
+    from delayindex._pure.heap import TripleHeap
+    from delayindex.clock import wall_clock_ms
+
+    NATIVE: bool
+else:
+    _module, NATIVE = _load()
+    if _module is not None:
+        TripleHeap = _module.TripleHeap
+        TrackerCore = _module.TrackerCore
+        wall_clock_ms = _module.wall_clock_ms
+        _kernels = _module
+    else:
+        TripleHeap, TrackerCore = PureTripleHeap, PureTrackerCore
+        wall_clock_ms = pure_wall_clock_ms
+        _kernels = _pure_codec
+    decode_segments = _kernels.decode_segments
+    murmur3_32 = _kernels.murmur3_32
+    pack_times = _kernels.pack_times
+    read_varints = _kernels.read_varints
+    roaring_cardinalities = _kernels.roaring_cardinalities
+    roaring_entries = _kernels.roaring_entries
+
+
 __all__ = [
+    "CODEC_KERNELS",
     "NATIVE",
     "PureTrackerCore",
     "PureTripleHeap",
     "TrackerCore",
     "TripleHeap",
+    "decode_segments",
+    "murmur3_32",
+    "native_module_or_none",
+    "pack_times",
     "pure_wall_clock_ms",
+    "read_varints",
+    "roaring_cardinalities",
+    "roaring_entries",
     "wall_clock_ms",
 ]

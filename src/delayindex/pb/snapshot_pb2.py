@@ -25,27 +25,23 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64\x65layindex/pb/snapshot.proto\x12\x10\x64\x65layindex.pb.v1\"\xd4\x01\n\x0fSegmentMetadata\x12\x16\n\x0emin_deliver_at\x18\x01 \x01(\x03\x12\x16\n\x0emax_deliver_at\x18\x02 \x01(\x03\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12L\n\x0eledger_bitmaps\x18\x04 \x03(\x0b\x32\x34.delayindex.pb.v1.SegmentMetadata.LedgerBitmapsEntry\x1a\x34\n\x12LedgerBitmapsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"\x9f\x01\n\x10SnapshotMetadata\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x14\n\x0cstart_ledger\x18\x02 \x01(\x04\x12\x12\n\nend_ledger\x18\x03 \x01(\x04\x12\x14\n\x0cnum_messages\x18\x04 \x01(\x04\x12\x33\n\x08segments\x18\x05 \x03(\x0b\x32!.delayindex.pb.v1.SegmentMetadata\"\x89\x01\n\x0fSnapshotSegment\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x1d\n\x11\x64\x65liver_at_deltas\x18\x03 \x03(\x12\x42\x02\x10\x01\x12\x19\n\rledger_deltas\x18\x04 \x03(\x04\x42\x02\x10\x01\x12\x15\n\tentry_ids\x18\x05 \x03(\rB\x02\x10\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64\x65layindex/pb/snapshot.proto\x12\x10\x64\x65layindex.pb.v1\"\x86\x02\n\x10SnapshotMetadata\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x14\n\x0cstart_ledger\x18\x02 \x01(\x04\x12\x12\n\nend_ledger\x18\x03 \x01(\x04\x12\x14\n\x0cnum_messages\x18\x04 \x01(\x04\x12!\n\x15min_deliver_at_deltas\x18\x05 \x03(\x12\x42\x02\x10\x01\x12\x1c\n\x10\x64\x65liver_at_spans\x18\x06 \x03(\x04\x42\x02\x10\x01\x12\x12\n\x06\x63ounts\x18\x07 \x03(\rB\x02\x10\x01\x12\x19\n\rledger_counts\x18\x08 \x03(\rB\x02\x10\x01\x12\x19\n\rledger_deltas\x18\t \x03(\x04\x42\x02\x10\x01\x12\x0f\n\x07\x62itmaps\x18\n \x03(\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'delayindex.pb.snapshot_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SEGMENTMETADATA_LEDGERBITMAPSENTRY']._loaded_options = None
-  _globals['_SEGMENTMETADATA_LEDGERBITMAPSENTRY']._serialized_options = b'8\001'
-  _globals['_SNAPSHOTSEGMENT'].fields_by_name['deliver_at_deltas']._loaded_options = None
-  _globals['_SNAPSHOTSEGMENT'].fields_by_name['deliver_at_deltas']._serialized_options = b'\020\001'
-  _globals['_SNAPSHOTSEGMENT'].fields_by_name['ledger_deltas']._loaded_options = None
-  _globals['_SNAPSHOTSEGMENT'].fields_by_name['ledger_deltas']._serialized_options = b'\020\001'
-  _globals['_SNAPSHOTSEGMENT'].fields_by_name['entry_ids']._loaded_options = None
-  _globals['_SNAPSHOTSEGMENT'].fields_by_name['entry_ids']._serialized_options = b'\020\001'
-  _globals['_SEGMENTMETADATA']._serialized_start=51
-  _globals['_SEGMENTMETADATA']._serialized_end=263
-  _globals['_SEGMENTMETADATA_LEDGERBITMAPSENTRY']._serialized_start=211
-  _globals['_SEGMENTMETADATA_LEDGERBITMAPSENTRY']._serialized_end=263
-  _globals['_SNAPSHOTMETADATA']._serialized_start=266
-  _globals['_SNAPSHOTMETADATA']._serialized_end=425
-  _globals['_SNAPSHOTSEGMENT']._serialized_start=428
-  _globals['_SNAPSHOTSEGMENT']._serialized_end=565
+  _globals['_SNAPSHOTMETADATA'].fields_by_name['min_deliver_at_deltas']._loaded_options = None
+  _globals['_SNAPSHOTMETADATA'].fields_by_name['min_deliver_at_deltas']._serialized_options = b'\020\001'
+  _globals['_SNAPSHOTMETADATA'].fields_by_name['deliver_at_spans']._loaded_options = None
+  _globals['_SNAPSHOTMETADATA'].fields_by_name['deliver_at_spans']._serialized_options = b'\020\001'
+  _globals['_SNAPSHOTMETADATA'].fields_by_name['counts']._loaded_options = None
+  _globals['_SNAPSHOTMETADATA'].fields_by_name['counts']._serialized_options = b'\020\001'
+  _globals['_SNAPSHOTMETADATA'].fields_by_name['ledger_counts']._loaded_options = None
+  _globals['_SNAPSHOTMETADATA'].fields_by_name['ledger_counts']._serialized_options = b'\020\001'
+  _globals['_SNAPSHOTMETADATA'].fields_by_name['ledger_deltas']._loaded_options = None
+  _globals['_SNAPSHOTMETADATA'].fields_by_name['ledger_deltas']._serialized_options = b'\020\001'
+  _globals['_SNAPSHOTMETADATA']._serialized_start=51
+  _globals['_SNAPSHOTMETADATA']._serialized_end=313
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,480 @@
+# Codec kernels: bit-packing of deliver times, parsing of portable roaring bitmaps, and batch
+# decoding of segments.
+#
+# How it works. A segment stores only deliver times, as (time - segment min) in bit_length(span)
+# bits each, LSB-first, in *position order*: the order in which the segment's per-ledger roaring
+# bitmaps enumerate positions (ledger ascending, entry ascending). Decoding parses the bitmaps
+# straight from their portable bytes (no BitMap objects), unpacks the times, then sorts the
+# segment by time with a stable LSD radix sort; stability keeps (ledger, entry) order among equal
+# times, which yields exactly (time, ledger, entry) order. Everything in a batch is decoded in
+# one call so that thousands of one-index segments cost no Python-level work each.
+#
+# Invariants: every function validates its input completely and raises ValueError on anything
+# malformed (the codec turns that into SnapshotCorruptError naming the object); nothing reads
+# outside a buffer.
+
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memset
+
+cdef extern from *:
+    """
+    /* MurmurHash3 x86_32, the hash mmh3.hash(data, seed, signed=False) computes. */
+    static uint32_t di_murmur3_32(const uint8_t* data, size_t len, uint32_t seed) {
+        const uint32_t c1 = 0xcc9e2d51u, c2 = 0x1b873593u;
+        uint32_t h = seed, k;
+        size_t i, blocks = len / 4;
+        for (i = 0; i < blocks; i++) {
+            const uint8_t* p = data + 4 * i;
+            k = (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16)
+                | ((uint32_t)p[3] << 24);
+            k *= c1; k = (k << 15) | (k >> 17); k *= c2;
+            h ^= k; h = (h << 13) | (h >> 19); h = h * 5 + 0xe6546b64u;
+        }
+        k = 0;
+        switch (len & 3) {
+            case 3: k ^= (uint32_t)data[4 * blocks + 2] << 16; /* fall through */
+            case 2: k ^= (uint32_t)data[4 * blocks + 1] << 8;  /* fall through */
+            case 1: k ^= data[4 * blocks];
+                    k *= c1; k = (k << 15) | (k >> 17); k *= c2; h ^= k;
+        }
+        h ^= (uint32_t)len;
+        h ^= h >> 16; h *= 0x85ebca6bu; h ^= h >> 13; h *= 0xc2b2ae35u; h ^= h >> 16;
+        return h;
+    }
+
+    #if defined(__GNUC__) || defined(__clang__)
+    #define di_ctzll(x) __builtin_ctzll(x)
+    #else
+    static int di_ctzll(unsigned long long x) {
+        int n = 0;
+        while (!(x & 1)) { x >>= 1; n++; }
+        return n;
+    }
+    #endif
+    """
+    int di_ctzll(unsigned long long x) nogil
+    uint32_t di_murmur3_32(const uint8_t* data, size_t len, uint32_t seed) nogil
+
+
+cdef enum:
+    ROARING_COOKIE = 12347
+    ROARING_COOKIE_NO_RUN = 12346
+    ROARING_NO_OFFSET_THRESHOLD = 4
+    ROARING_ARRAY_MAX = 4096
+    RADIX_BITS = 11
+    INSERTION_SORT_MAX = 32
+
+
+cdef inline uint32_t read_u32(const uint8_t* p) noexcept nogil:
+    return p[0] | (<uint32_t> p[1] << 8) | (<uint32_t> p[2] << 16) | (<uint32_t> p[3] << 24)
+
+
+cdef inline uint16_t read_u16(const uint8_t* p) noexcept nogil:
+    return p[0] | (<uint16_t> p[1] << 8)
+
+
+cdef inline int bit_length(uint64_t v) noexcept nogil:
+    cdef int n = 0
+    while v:
+        n += 1
+        v >>= 1
+    return n
+
+
+cdef Py_ssize_t roaring_parse(const uint8_t* data, Py_ssize_t size, uint32_t* out,
+                              Py_ssize_t capacity) except -2:
+    """Parse a portable roaring bitmap into ascending uint32 values.
+
+    Writes at most ``capacity`` values to ``out`` (out may be NULL with capacity 0 to count).
+    Returns the cardinality. Raises ValueError on any malformed input.
+    """
+    cdef Py_ssize_t pos = 0, n_containers, i, j, k, header_end, card_total = 0
+    cdef uint32_t cookie
+    cdef bint has_runs = False
+    cdef const uint8_t* run_flags = NULL
+    cdef const uint8_t* descr
+    cdef uint32_t key, prev_key = 0, card, value, prev_value
+    cdef uint16_t n_runs, start, length
+    cdef uint64_t word
+    cdef Py_ssize_t run_total
+    cdef bint have_prev_key = False
+    if size < 4:
+        raise ValueError("roaring: truncated cookie")
+    cookie = read_u32(data)
+    if (cookie & 0xFFFF) == ROARING_COOKIE:
+        has_runs = True
+        n_containers = (cookie >> 16) + 1
+        pos = 4
+        if pos + (n_containers + 7) // 8 > size:
+            raise ValueError("roaring: truncated run flags")
+        run_flags = data + pos
+        pos += (n_containers + 7) // 8
+    elif cookie == ROARING_COOKIE_NO_RUN:
+        if size < 8:
+            raise ValueError("roaring: truncated size")
+        n_containers = read_u32(data + 4)
+        pos = 8
+    else:
+        raise ValueError("roaring: bad cookie")
+    if n_containers > 65536:
+        raise ValueError("roaring: too many containers")
+    if pos + 4 * n_containers > size:
+        raise ValueError("roaring: truncated container headers")
+    descr = data + pos
+    pos += 4 * n_containers
+    if not has_runs or n_containers >= ROARING_NO_OFFSET_THRESHOLD:
+        if pos + 4 * n_containers > size:
+            raise ValueError("roaring: truncated offsets")
+        header_end = pos + 4 * n_containers
+        # Offsets must point exactly where sequential parsing finds each container.
+        pos = header_end
+    else:
+        header_end = pos
+    for i in range(n_containers):
+        key = read_u16(descr + 4 * i)
+        card = <uint32_t> read_u16(descr + 4 * i + 2) + 1
+        if have_prev_key and key <= prev_key:
+            raise ValueError("roaring: container keys not increasing")
+        have_prev_key = True
+        prev_key = key
+        if not has_runs or n_containers >= ROARING_NO_OFFSET_THRESHOLD:
+            if <Py_ssize_t> read_u32(descr + 4 * n_containers + 4 * i) != pos:
+                raise ValueError("roaring: container offset mismatch")
+        if has_runs and (run_flags[i >> 3] >> (i & 7)) & 1:
+            if pos + 2 > size:
+                raise ValueError("roaring: truncated run container")
+            n_runs = read_u16(data + pos)
+            pos += 2
+            if pos + 4 * <Py_ssize_t> n_runs > size:
+                raise ValueError("roaring: truncated runs")
+            run_total = 0
+            for j in range(n_runs):
+                start = read_u16(data + pos + 4 * j)
+                length = read_u16(data + pos + 4 * j + 2)
+                if <uint32_t> start + length > 0xFFFF:
+                    raise ValueError("roaring: run past the container end")
+                if j > 0 and start <= prev_value:
+                    raise ValueError("roaring: runs overlap or are unordered")
+                prev_value = <uint32_t> start + length  # last value of this run
+                for k in range(<Py_ssize_t> length + 1):
+                    if card_total + run_total + k < capacity:
+                        out[card_total + run_total + k] = (key << 16) | (start + k)
+                run_total += <Py_ssize_t> length + 1
+            if run_total != card:
+                raise ValueError("roaring: run container cardinality mismatch")
+            pos += 4 * <Py_ssize_t> n_runs
+        elif card <= ROARING_ARRAY_MAX:
+            if pos + 2 * <Py_ssize_t> card > size:
+                raise ValueError("roaring: truncated array container")
+            for j in range(card):
+                value = read_u16(data + pos + 2 * j)
+                if j > 0 and value <= prev_value:
+                    raise ValueError("roaring: array values not increasing")
+                prev_value = value
+                if card_total + j < capacity:
+                    out[card_total + j] = (key << 16) | value
+            pos += 2 * <Py_ssize_t> card
+        else:
+            if pos + 8192 > size:
+                raise ValueError("roaring: truncated bitset container")
+            k = 0
+            for j in range(1024):
+                word = 0
+                for value in range(8):
+                    word |= (<uint64_t> data[pos + 8 * j + value]) << (8 * value)
+                while word:
+                    value = <uint32_t> (64 * j) + <uint32_t> di_ctzll(word)
+                    if card_total + k < capacity:
+                        out[card_total + k] = (key << 16) | value
+                    k += 1
+                    word &= word - 1
+            if k != card:
+                raise ValueError("roaring: bitset cardinality mismatch")
+            pos += 8192
+        card_total += card
+    if pos != size:
+        raise ValueError("roaring: trailing bytes")
+    return card_total
+
+
+def roaring_entries(const uint8_t[::1] data not None):
+    """Parse a portable roaring bitmap into an ascending uint32 numpy array (ValueError if bad)."""
+    cdef Py_ssize_t n = roaring_parse(&data[0] if data.shape[0] else NULL, data.shape[0], NULL, 0)
+    out = np.empty(n, dtype=np.uint32)
+    cdef uint32_t[::1] view = out
+    if n:
+        roaring_parse(&data[0], data.shape[0], &view[0], n)
+    return out
+
+
+def roaring_cardinalities(list bitmaps not None):
+    """Validate each portable roaring bitmap and return their cardinalities (int64 array)."""
+    cdef Py_ssize_t i, n = len(bitmaps)
+    cdef const uint8_t[::1] data
+    out = np.empty(n, dtype=np.int64)
+    cdef int64_t[::1] view = out
+    for i in range(n):
+        data = bitmaps[i]
+        view[i] = roaring_parse(&data[0] if data.shape[0] else NULL, data.shape[0], NULL, 0)
+    return out
+
+
+def pack_times(const int64_t[:] times not None, int64_t base, int64_t span):
+    """Bit-pack ``times - base`` at ``bit_length(span)`` bits each, LSB-first.
+
+    Every ``times[i] - base`` must lie in ``[0, span]`` (ValueError otherwise).
+    """
+    cdef Py_ssize_t n = times.shape[0], i, nbytes
+    cdef int bits, b
+    cdef uint64_t v, bitpos
+    cdef uint8_t* buf
+    if span < 0:
+        raise ValueError("span must be >= 0")
+    bits = bit_length(<uint64_t> span)
+    nbytes = (n * bits + 7) // 8
+    out = bytearray(nbytes)
+    if nbytes == 0:
+        for i in range(n):
+            if times[i] != base:
+                raise ValueError(f"time {times[i]} outside [{base}, {base}]")
+        return bytes(out)
+    buf = out
+    bitpos = 0
+    for i in range(n):
+        v = <uint64_t> (times[i] - base)
+        if times[i] < base or v > <uint64_t> span:
+            raise ValueError(f"time {times[i]} outside [{base}, {base + span}]")
+        for b in range(bits):
+            if (v >> b) & 1:
+                buf[(bitpos + b) >> 3] |= <uint8_t> (1 << ((bitpos + b) & 7))
+        bitpos += bits
+    return bytes(out)
+
+
+cdef inline uint64_t unpack_one(const uint8_t* buf, uint64_t bitpos, int bits) noexcept nogil:
+    cdef uint64_t v = 0
+    cdef int b = 0, take
+    cdef uint64_t byte_index = bitpos >> 3
+    cdef int shift = bitpos & 7
+    while b < bits:
+        take = 8 - shift
+        if take > bits - b:
+            take = bits - b
+        v |= (<uint64_t> ((buf[byte_index] >> shift) & ((1 << take) - 1))) << b
+        b += take
+        byte_index += 1
+        shift = 0
+    return v
+
+
+cdef inline void copy_triples(uint64_t* keys, int64_t* ledgers, int64_t* entries,
+                              const uint64_t* src_keys, const int64_t* src_ledgers,
+                              const int64_t* src_entries, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        keys[i] = src_keys[i]
+        ledgers[i] = src_ledgers[i]
+        entries[i] = src_entries[i]
+
+
+cdef void radix_sort(uint64_t* keys, int64_t* ls, int64_t* es, Py_ssize_t n, int bits,
+                     uint64_t* tk, int64_t* tl, int64_t* te) noexcept nogil:
+    """Stable sort of (key, ledger, entry) by key; tk/tl/te are scratch buffers of size n."""
+    cdef Py_ssize_t i, j
+    cdef Py_ssize_t count[1 << RADIX_BITS]
+    cdef int shift
+    cdef uint64_t k, mask = (1 << RADIX_BITS) - 1
+    cdef int64_t xl, xe
+    if n <= INSERTION_SORT_MAX:
+        for i in range(1, n):
+            k = keys[i]
+            xl = ls[i]
+            xe = es[i]
+            j = i
+            while j > 0 and keys[j - 1] > k:
+                keys[j] = keys[j - 1]
+                ls[j] = ls[j - 1]
+                es[j] = es[j - 1]
+                j -= 1
+            keys[j] = k
+            ls[j] = xl
+            es[j] = xe
+        return
+    shift = 0
+    while shift < bits:
+        memset(count, 0, sizeof(count))
+        for i in range(n):
+            count[(keys[i] >> shift) & mask] += 1
+        j = 0
+        for i in range(1 << RADIX_BITS):
+            k = count[i]
+            count[i] = j
+            j += k
+        for i in range(n):
+            k = (keys[i] >> shift) & mask
+            tk[count[k]] = keys[i]
+            tl[count[k]] = ls[i]
+            te[count[k]] = es[i]
+            count[k] += 1
+        copy_triples(keys, ls, es, tk, tl, te, n)
+        shift += RADIX_BITS
+
+
+def read_varints(const uint8_t[::1] data not None, Py_ssize_t start, Py_ssize_t count):
+    """Decode ``count`` unsigned LEB128 varints from ``data[start:]``.
+
+    Returns ``(values int64 array, end position)``; ValueError if truncated or over 63 bits.
+    """
+    cdef Py_ssize_t pos = start, i, size = data.shape[0]
+    cdef uint64_t value
+    cdef int shift
+    cdef uint8_t byte
+    if count < 0 or start < 0:
+        raise ValueError("bad varint request")
+    out = np.empty(count, dtype=np.int64)
+    cdef int64_t[::1] view = out
+    for i in range(count):
+        value = 0
+        shift = 0
+        while True:
+            if pos >= size or shift > 56:
+                raise ValueError("bad varint")
+            byte = data[pos]
+            pos += 1
+            value |= (<uint64_t> (byte & 0x7F)) << shift
+            if byte < 0x80:
+                break
+            shift += 7
+        if value >> 63:
+            raise ValueError("varint too large")
+        view[i] = <int64_t> value
+    return out, pos
+
+
+def murmur3_32(const uint8_t[::1] data not None, uint32_t seed) -> int:
+    """MurmurHash3 x86_32 of ``data`` (equals ``mmh3.hash(data, seed, signed=False)``)."""
+    return di_murmur3_32(&data[0] if data.shape[0] else NULL, data.shape[0], seed)
+
+
+def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_lengths not None,
+                    int64_t first_index, const int64_t[:] mins not None,
+                    const int64_t[:] spans not None, const int64_t[:] counts not None,
+                    const int64_t[:] ledger_offsets not None, const int64_t[:] ledgers not None,
+                    bitmaps not None):
+    """Verify and decode consecutive framed segment entries into (time, ledger, entry) order.
+
+    ``buffer`` holds the entries back to back (``entry_lengths`` each); entry ``i`` is stored
+    object entry ``first_index + i`` (its checksum seed) and is segment ``i`` of the per-segment
+    columns ``mins``, ``spans``, ``counts``; its positions are ``ledgers[ledger_offsets[i]:
+    ledger_offsets[i + 1]]`` with the matching ``bitmaps`` (portable roaring bytes).
+    Returns ``(times, ledgers, entries, offsets)``; segment i is ``offsets[i]:offsets[i+1]``.
+    """
+    cdef Py_ssize_t n_seg = entry_lengths.shape[0], s, i, j, total = 0, start, n, card, got
+    cdef Py_ssize_t scratch = 1, pos = 0, elen, first_ledger, last_ledger
+    cdef int bits
+    cdef int64_t ledger, prev_ledger
+    cdef uint32_t stored
+    cdef const uint8_t* payload
+    cdef Py_ssize_t payload_len
+    cdef const uint8_t[::1] bm
+    cdef uint64_t* keys = NULL
+    cdef int64_t* ls = NULL
+    cdef int64_t* es = NULL
+    cdef uint64_t* sk = NULL
+    cdef int64_t* sl = NULL
+    cdef int64_t* se = NULL
+    cdef uint32_t* ent = NULL
+    if not (mins.shape[0] == spans.shape[0] == counts.shape[0] == n_seg
+            and ledger_offsets.shape[0] == n_seg + 1):
+        raise ValueError("per-segment inputs differ in length")
+    if ledgers.shape[0] != len(bitmaps):
+        raise ValueError("ledgers and bitmaps differ in length")
+    for s in range(n_seg):
+        if counts[s] < 1 or spans[s] < 0:
+            raise ValueError(f"segment {s}: bad count or span")
+        if entry_lengths[s] < 5:
+            raise ValueError(f"entry {first_index + s}: truncated")
+        total += counts[s]
+        pos += entry_lengths[s]
+        if counts[s] > scratch:
+            scratch = counts[s]
+    if pos != buffer.shape[0]:
+        raise ValueError("entry lengths do not add up to the buffer")
+    out_t = np.empty(total, dtype=np.int64)
+    out_l = np.empty(total, dtype=np.int64)
+    out_e = np.empty(total, dtype=np.int64)
+    offsets = np.empty(n_seg + 1, dtype=np.int64)
+    cdef int64_t[::1] vt = out_t
+    cdef int64_t[::1] vl = out_l
+    cdef int64_t[::1] ve = out_e
+    cdef int64_t[::1] vo = offsets
+    try:
+        keys = <uint64_t*> malloc(scratch * sizeof(uint64_t))
+        sk = <uint64_t*> malloc(scratch * sizeof(uint64_t))
+        ls = <int64_t*> malloc(scratch * sizeof(int64_t))
+        sl = <int64_t*> malloc(scratch * sizeof(int64_t))
+        es = <int64_t*> malloc(scratch * sizeof(int64_t))
+        se = <int64_t*> malloc(scratch * sizeof(int64_t))
+        ent = <uint32_t*> malloc(scratch * sizeof(uint32_t))
+        if not (keys and sk and ls and sl and es and se and ent):
+            raise MemoryError()
+        start = 0
+        pos = 0
+        for s in range(n_seg):
+            elen = entry_lengths[s]
+            stored = read_u32(&buffer[pos + elen - 4])
+            if di_murmur3_32(&buffer[pos], elen - 4, <uint32_t> (first_index + s)) != stored:
+                raise ValueError(f"entry {first_index + s}: checksum mismatch")
+            if buffer[pos] != 0:
+                raise ValueError(f"entry {first_index + s}: unknown flags {buffer[pos]:#x}")
+            payload = &buffer[pos + 1]
+            payload_len = elen - 5
+            pos += elen
+            n = counts[s]
+            vo[s] = start
+            bits = bit_length(<uint64_t> spans[s])
+            if payload_len != (n * bits + 7) // 8:
+                raise ValueError(f"segment {s}: packed times have the wrong length")
+            first_ledger = ledger_offsets[s]
+            last_ledger = ledger_offsets[s + 1]
+            if not 0 <= first_ledger < last_ledger <= ledgers.shape[0]:
+                raise ValueError(f"segment {s}: bad ledger offsets")
+            got = 0
+            prev_ledger = -1
+            for i in range(first_ledger, last_ledger):
+                ledger = ledgers[i]
+                if ledger <= prev_ledger:
+                    raise ValueError(f"segment {s}: ledgers not ascending")
+                prev_ledger = ledger
+                bm = bitmaps[i]
+                card = roaring_parse(&bm[0] if bm.shape[0] else NULL, bm.shape[0],
+                                     ent + got, n - got)
+                if card == 0 or got + card > n:
+                    raise ValueError(f"segment {s}: bitmap cardinality does not match the count")
+                for j in range(got, got + card):
+                    ls[j] = ledger
+                    es[j] = ent[j]
+                got += card
+            if got != n:
+                raise ValueError(f"segment {s}: bitmap cardinality does not match the count")
+            for j in range(n):
+                keys[j] = unpack_one(payload, <uint64_t> j * bits, bits) if bits else 0
+                if keys[j] > <uint64_t> spans[s]:
+                    raise ValueError(f"segment {s}: a packed time exceeds the span")
+            radix_sort(keys, ls, es, n, bits, sk, sl, se)
+            for j in range(n):
+                vt[start + j] = mins[s] + <int64_t> keys[j]
+                vl[start + j] = ls[j]
+                ve[start + j] = es[j]
+            start += n
+        vo[n_seg] = start
+    finally:
+        free(keys)
+        free(sk)
+        free(ls)
+        free(sl)
+        free(es)
+        free(se)
+        free(ent)
+    return out_t, out_l, out_e, offsets

@@ -1,0 +1,161 @@
+"""Pure-Python twins of the native codec kernels (see ``cython/delayindex/_codec.pxi``).
+
+Same API and results: ``roaring_entries`` parses a portable roaring bitmap (through pyroaring),
+``pack_times`` bit-packs deliver times LSB-first, ``decode_segments`` turns a batch of segments
+into concatenated arrays sorted by ``(time, ledger, entry)``. Malformed input raises ValueError.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from collections.abc import Sequence
+
+import mmh3
+import numpy as np
+import numpy.typing as npt
+from pyroaring import BitMap
+
+Int64Array = npt.NDArray[np.int64]
+
+
+def roaring_entries(data: bytes) -> npt.NDArray[np.uint32]:
+    """Parse a portable roaring bitmap into an ascending uint32 numpy array (ValueError if bad)."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise TypeError(f"a bytes-like object is required, not {type(data).__name__!r}")
+    raw = bytes(data)
+    try:
+        bitmap = BitMap.deserialize(raw)
+    except Exception as exc:  # pyroaring raises ValueError (and others on odd input)
+        raise ValueError(f"roaring: {exc}") from None
+    # pyroaring tolerates trailing bytes; the format does not. A valid portable bitmap
+    # re-serializes to exactly its own bytes.
+    if bytes(bitmap.serialize()) != raw:
+        raise ValueError("roaring: trailing or inconsistent bytes")
+    return np.array(bitmap.to_array(), dtype=np.uint32)
+
+
+def roaring_cardinalities(bitmaps: list[bytes]) -> Int64Array:
+    """Validate each portable roaring bitmap and return their cardinalities (int64 array)."""
+    return np.array([len(roaring_entries(b)) for b in bitmaps], dtype=np.int64)
+
+
+def _bit_length(span: int) -> int:
+    return int(span).bit_length()
+
+
+def pack_times(times: Int64Array, base: int, span: int) -> bytes:
+    """Bit-pack ``times - base`` at ``bit_length(span)`` bits each, LSB-first."""
+    if span < 0:
+        raise ValueError("span must be >= 0")
+    values = np.asarray(times, dtype=np.int64)
+    offsets = values.astype(np.object_) - base  # exact for the full int64 range
+    bad = [v for v in offsets.tolist() if not 0 <= v <= span]
+    if bad:
+        raise ValueError(f"time {bad[0] + base} outside [{base}, {base + span}]")
+    bits = _bit_length(span)
+    if bits == 0:
+        return b""
+    stream = 0
+    for i, v in enumerate(offsets.tolist()):
+        stream |= v << (i * bits)
+    return stream.to_bytes((len(values) * bits + 7) // 8, "little")
+
+
+def read_varints(data: bytes, start: int, count: int) -> tuple[Int64Array, int]:
+    """Decode ``count`` unsigned LEB128 varints from ``data[start:]``; ``(values, end)``."""
+    if count < 0 or start < 0:
+        raise ValueError("bad varint request")
+    values: list[int] = []
+    pos = start
+    for _ in range(count):
+        value = shift = 0
+        while True:
+            if pos >= len(data) or shift > 56:
+                raise ValueError("bad varint")
+            byte = data[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                break
+            shift += 7
+        if value >> 63:
+            raise ValueError("varint too large")
+        values.append(value)
+    return np.array(values, dtype=np.int64), pos
+
+
+def murmur3_32(data: bytes, seed: int) -> int:
+    """MurmurHash3 x86_32 of ``data`` (the ``mmh3`` library's)."""
+    return int(mmh3.hash(bytes(data), seed, signed=False))
+
+
+def decode_segments(
+    buffer: bytes | memoryview,
+    entry_lengths: Int64Array,
+    first_index: int,
+    mins: Int64Array,
+    spans: Int64Array,
+    counts: Int64Array,
+    ledger_offsets: Int64Array,
+    ledgers: Int64Array,
+    bitmaps: Sequence[bytes],
+) -> tuple[Int64Array, Int64Array, Int64Array, Int64Array]:
+    """Verify and decode consecutive framed segment entries into (time, ledger, entry) order."""
+    n_seg = len(entry_lengths)
+    if not (len(mins) == len(spans) == len(counts) == n_seg and len(ledger_offsets) == n_seg + 1):
+        raise ValueError("per-segment inputs differ in length")
+    if len(ledgers) != len(bitmaps):
+        raise ValueError("ledgers and bitmaps differ in length")
+    if any(int(c) < 1 for c in counts) or any(int(x) < 0 for x in spans):
+        raise ValueError("bad count or span")
+    if any(int(x) < 5 for x in entry_lengths):
+        raise ValueError("truncated entry")
+    if sum(int(x) for x in entry_lengths) != len(buffer):
+        raise ValueError("entry lengths do not add up to the buffer")
+    out_t: list[Int64Array] = []
+    out_l: list[Int64Array] = []
+    out_e: list[Int64Array] = []
+    offsets = [0]
+    pos = 0
+    for s in range(n_seg):
+        entry = bytes(buffer[pos : pos + int(entry_lengths[s])])
+        pos += len(entry)
+        (stored,) = struct.unpack_from("<I", entry, len(entry) - 4)
+        if murmur3_32(entry[:-4], first_index + s) != stored:
+            raise ValueError(f"entry {first_index + s}: checksum mismatch")
+        if entry[0] != 0:
+            raise ValueError(f"entry {first_index + s}: unknown flags {entry[0]:#x}")
+        payload = entry[1:-4]
+        n, span, low = int(counts[s]), int(spans[s]), int(mins[s])
+        bits = _bit_length(span)
+        if len(payload) != (n * bits + 7) // 8:
+            raise ValueError(f"segment {s}: packed times have the wrong length")
+        a, b = int(ledger_offsets[s]), int(ledger_offsets[s + 1])
+        if not 0 <= a < b <= len(ledgers):
+            raise ValueError(f"segment {s}: bad ledger offsets")
+        seg_ledgers = [int(x) for x in ledgers[a:b]]
+        if seg_ledgers[0] < 0 or any(y <= x for x, y in itertools.pairwise(seg_ledgers)):
+            raise ValueError(f"segment {s}: ledgers not ascending")
+        parts = [roaring_entries(bitmaps[i]) for i in range(a, b)]
+        if any(len(p) == 0 for p in parts) or sum(len(p) for p in parts) != n:
+            raise ValueError(f"segment {s}: bitmap cardinality does not match the count")
+        entries = np.concatenate(parts).astype(np.int64)
+        seg_l = np.repeat(np.array(seg_ledgers, dtype=np.int64), [len(p) for p in parts])
+        stream = int.from_bytes(payload, "little")
+        mask = (1 << bits) - 1
+        keys = [(stream >> (i * bits)) & mask for i in range(n)] if bits else [0] * n
+        if any(k > span for k in keys):
+            raise ValueError(f"segment {s}: a packed time exceeds the span")
+        order = np.argsort(np.array(keys, dtype=np.uint64), kind="stable")
+        out_t.append(np.array(keys, dtype=np.int64)[order] + low)
+        out_l.append(seg_l[order])
+        out_e.append(entries[order])
+        offsets.append(offsets[-1] + n)
+    empty = np.empty(0, dtype=np.int64)
+    return (
+        np.concatenate(out_t) if out_t else empty,
+        np.concatenate(out_l) if out_l else empty.copy(),
+        np.concatenate(out_e) if out_e else empty.copy(),
+        np.array(offsets, dtype=np.int64),
+    )

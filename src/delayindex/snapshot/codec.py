@@ -1,0 +1,450 @@
+"""Snapshot bytes: the object layout, checksums, compression and (only here) protobuf.
+
+Object layout (format version 1, all integers little-endian)::
+
+    magic      4 bytes  b"DIXS"
+    version    u16      1
+    table_len  u32      length of the entry table that follows
+    table               varint entry count, then one varint length per entry
+    header_crc u32      mmh3 (seed HEADER_SEED) of everything above
+    entries             entry 0 = metadata, entries 1..N = segments N
+
+    entry      flags u8 | payload | crc u32   (mmh3 of flags + payload, seeded with the entry index)
+
+Metadata payload: a ``SnapshotMetadata`` protobuf, zstd-compressed when ``flags & FLAG_ZSTD``.
+Segment payload: the segment's deliver times minus the segment minimum, bit-packed LSB-first at
+``bit_length(max - min)`` bits each, in position order (as the segment's bitmaps enumerate
+positions), so a one-index segment with min == max has an empty payload. Positions are never
+stored twice: they live only in the metadata bitmaps.
+
+Every check failure (magic, version, lengths, checksums, decompression, protobuf, any
+inconsistency) raises :class:`~delayindex.errors.SnapshotCorruptError` naming the object and
+what failed; nothing decodes silently wrong. See docs/snapshot-format.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, overload
+
+import mmh3
+import numpy as np
+import zstandard
+from google.protobuf.message import DecodeError
+
+from delayindex import _impl
+from delayindex.errors import SnapshotCorruptError
+from delayindex.model import MAX_LEDGER_ID
+from delayindex.pb import snapshot_pb2
+from delayindex.snapshot.format import FORMAT_VERSION, Segment, SnapshotMetadata
+
+MAGIC = b"DIXS"
+OBJECT_VERSION = 1
+HEADER_SEED = 0x44495853
+FLAG_ZSTD = 0x01
+_KNOWN_METADATA_FLAGS = FLAG_ZSTD
+ZSTD_LEVEL = 9
+_MAX_METADATA_BYTES = 1 << 30
+_FIXED = struct.Struct("<4sHI")  # magic, version, table_len
+FIXED_HEADER_BYTES = _FIXED.size
+_CRC = struct.Struct("<I")
+_MAX_TABLE_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class ObjectHeader:
+    """Where each entry of a stored object lies."""
+
+    version: int
+    entry_lengths: tuple[int, ...]
+    header_bytes: int
+
+    @property
+    def num_segments(self) -> int:
+        """Segments in the object (entries minus the metadata)."""
+        return len(self.entry_lengths) - 1
+
+    @property
+    def total_bytes(self) -> int:
+        """Length of the whole object."""
+        return self.header_bytes + sum(self.entry_lengths)
+
+    def entry_offset(self, index: int) -> int:
+        """Byte offset of entry ``index`` from the start of the object."""
+        return self.header_bytes + sum(self.entry_lengths[:index])
+
+
+# -- varints ------------------------------------------------------------------------------------
+
+
+def _put_varint(out: bytearray, value: int) -> None:
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _get_varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise ValueError("bad varint")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+# -- entries ------------------------------------------------------------------------------------
+
+
+def _frame(index: int, flags: int, payload: bytes) -> bytes:
+    body = bytes([flags]) + payload
+    return body + _CRC.pack(mmh3.hash(body, index, signed=False))
+
+
+def _unframe(entry: bytes, index: int, name: str) -> tuple[int, bytes]:
+    if len(entry) < 1 + _CRC.size:
+        raise SnapshotCorruptError(f"{name}: entry {index} is truncated ({len(entry)} bytes)")
+    body = entry[: -_CRC.size]
+    (stored,) = _CRC.unpack_from(entry, len(entry) - _CRC.size)
+    if mmh3.hash(body, index, signed=False) != stored:
+        raise SnapshotCorruptError(f"{name}: entry {index} checksum mismatch")
+    return body[0], bytes(body[1:])
+
+
+# -- encoding -----------------------------------------------------------------------------------
+
+
+def _metadata_payload(metadata: SnapshotMetadata) -> bytes:
+    mins = metadata.mins
+    offsets = metadata.ledger_offsets
+    ledgers = metadata.ledgers
+    # Per segment: first ledger relative to start_ledger, then deltas within the segment.
+    deltas = np.diff(ledgers, prepend=np.int64(metadata.start_ledger))
+    if len(ledgers):
+        firsts = offsets[:-1]
+        deltas[firsts] = ledgers[firsts] - metadata.start_ledger
+    message = snapshot_pb2.SnapshotMetadata(
+        format_version=metadata.format_version,
+        start_ledger=metadata.start_ledger,
+        end_ledger=metadata.end_ledger,
+        num_messages=metadata.num_messages,
+        min_deliver_at_deltas=np.diff(mins, prepend=np.int64(0)).tolist(),
+        deliver_at_spans=(metadata.maxs - mins).tolist(),
+        counts=metadata.counts.tolist(),
+        ledger_counts=np.diff(offsets).tolist(),
+        ledger_deltas=deltas.tolist(),
+        bitmaps=metadata.bitmaps,
+    )
+    payload: bytes = message.SerializeToString()
+    return payload
+
+
+def _check_segment_matches(meta: Any, segment: Segment, number: int) -> None:
+    if len(segment) != meta.count or len(segment) == 0:
+        raise ValueError(f"segment {number}: {len(segment)} indexes, metadata says {meta.count}")
+    first_time, last_time = int(segment.times[0]), int(segment.times[-1])
+    if first_time != meta.min_deliver_at or last_time != meta.max_deliver_at:
+        raise ValueError(f"segment {number}: time range differs from its metadata")
+
+
+def encode_entries(metadata: SnapshotMetadata, segments: Sequence[Segment]) -> list[bytes]:
+    """Framed entries: metadata first, then one per segment (checksummed, compressed metadata)."""
+    if len(segments) != metadata.num_segments:
+        raise ValueError(f"{len(segments)} segments for metadata with {metadata.num_segments}")
+    raw = _metadata_payload(metadata)
+    packed_meta = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(raw)
+    entries = [
+        _frame(0, FLAG_ZSTD, packed_meta) if len(packed_meta) < len(raw) else _frame(0, 0, raw)
+    ]
+    for number, (meta, segment) in enumerate(zip(metadata.segments, segments, strict=True), 1):
+        _check_segment_matches(meta, segment, number)
+        by_position = np.lexsort((segment.entries, segment.ledgers))
+        expected_l = np.repeat(
+            np.array(meta.ledgers, dtype=np.int64),
+            [len(_impl.roaring_entries(b)) for b in meta.bitmaps],
+        )
+        expected_e = np.concatenate([_impl.roaring_entries(b) for b in meta.bitmaps]).astype(
+            np.int64
+        )
+        if not (
+            np.array_equal(segment.ledgers[by_position], expected_l)
+            and np.array_equal(segment.entries[by_position], expected_e)
+        ):
+            raise ValueError(f"segment {number}: positions differ from its metadata bitmaps")
+        packed = _impl.pack_times(
+            np.ascontiguousarray(segment.times[by_position]),
+            meta.min_deliver_at,
+            meta.max_deliver_at - meta.min_deliver_at,
+        )
+        entries.append(_frame(number, 0, packed))
+    return entries
+
+
+def pack_object(entries: Sequence[bytes]) -> bytes:
+    """Prefix framed entries with the object header."""
+    table = bytearray()
+    _put_varint(table, len(entries))
+    for entry in entries:
+        _put_varint(table, len(entry))
+    head = _FIXED.pack(MAGIC, OBJECT_VERSION, len(table)) + bytes(table)
+    return head + _CRC.pack(mmh3.hash(head, HEADER_SEED, signed=False)) + b"".join(entries)
+
+
+def encode_snapshot(metadata: SnapshotMetadata, segments: Sequence[Segment]) -> bytes:
+    """The complete stored object for a snapshot."""
+    return pack_object(encode_entries(metadata, segments))
+
+
+# -- decoding -----------------------------------------------------------------------------------
+
+
+def header_bytes_needed(prefix: bytes, name: str) -> int:
+    """From the first ``FIXED_HEADER_BYTES`` bytes, how many bytes the whole header takes."""
+    if len(prefix) < FIXED_HEADER_BYTES:
+        raise SnapshotCorruptError(f"{name}: truncated header ({len(prefix)} bytes)")
+    magic, version, table_len = _FIXED.unpack_from(prefix)
+    if magic != MAGIC:
+        raise SnapshotCorruptError(f"{name}: bad magic {magic!r} (not a delayindex snapshot)")
+    if version != OBJECT_VERSION:
+        raise SnapshotCorruptError(f"{name}: unsupported object version {version}")
+    if table_len > _MAX_TABLE_BYTES:
+        raise SnapshotCorruptError(f"{name}: implausible entry table of {table_len} bytes")
+    needed: int = FIXED_HEADER_BYTES + table_len + _CRC.size
+    return needed
+
+
+def read_header(data: bytes, name: str) -> ObjectHeader:
+    """Parse and verify the object header from (at least) its first bytes."""
+    needed = header_bytes_needed(data[:FIXED_HEADER_BYTES], name)
+    if len(data) < needed:
+        raise SnapshotCorruptError(f"{name}: truncated header")
+    head = bytes(data[: needed - _CRC.size])
+    (stored,) = _CRC.unpack_from(data, needed - _CRC.size)
+    if mmh3.hash(head, HEADER_SEED, signed=False) != stored:
+        raise SnapshotCorruptError(f"{name}: header checksum mismatch")
+    try:
+        count, pos = _get_varint(head, FIXED_HEADER_BYTES, len(head))
+        lengths, pos = _impl.read_varints(head, pos, count)
+    except ValueError:
+        raise SnapshotCorruptError(f"{name}: malformed entry table") from None
+    if pos != len(head) or count < 2 or np.any(lengths < 1 + _CRC.size):
+        raise SnapshotCorruptError(f"{name}: malformed entry table")
+    return ObjectHeader(OBJECT_VERSION, tuple(lengths.tolist()), needed)
+
+
+def split_object(data: bytes, name: str) -> tuple[ObjectHeader, list[bytes]]:
+    """Verify the header and the total length; return the header and the framed entries."""
+    header = read_header(data, name)
+    if len(data) != header.total_bytes:
+        raise SnapshotCorruptError(
+            f"{name}: object is {len(data)} bytes, its header says {header.total_bytes}"
+        )
+    entries, pos = [], header.header_bytes
+    for length in header.entry_lengths:
+        entries.append(bytes(data[pos : pos + length]))
+        pos += length
+    return header, entries
+
+
+def decode_metadata(entry: bytes, name: str, *, check_bitmaps: bool = True) -> SnapshotMetadata:
+    """Decode and validate the framed metadata entry (entry 0).
+
+    ``check_bitmaps=False`` skips parsing every bitmap; only for callers that decode all segments
+    right away, since segment decoding validates each bitmap against its segment's count.
+    """
+    flags, payload = _unframe(entry, 0, name)
+    if flags & ~_KNOWN_METADATA_FLAGS:
+        raise SnapshotCorruptError(f"{name}: unknown metadata flags {flags:#x}")
+    try:
+        if flags & FLAG_ZSTD:
+            payload = zstandard.ZstdDecompressor().decompress(
+                payload, max_output_size=_MAX_METADATA_BYTES
+            )
+        message = snapshot_pb2.SnapshotMetadata.FromString(payload)
+    except (zstandard.ZstdError, DecodeError) as exc:
+        raise SnapshotCorruptError(f"{name}: metadata does not decode: {exc}") from None
+    try:
+        return _metadata_from_message(message, check_bitmaps)
+    except ValueError as exc:
+        raise SnapshotCorruptError(f"{name}: inconsistent metadata: {exc}") from None
+
+
+def _metadata_from_message(
+    message: snapshot_pb2.SnapshotMetadata, check_bitmaps: bool = True
+) -> SnapshotMetadata:
+    if message.format_version != FORMAT_VERSION:
+        raise ValueError(f"unsupported format version {message.format_version}")
+    start, end = message.start_ledger, message.end_ledger
+    if not start <= end <= MAX_LEDGER_ID:
+        raise ValueError(f"bad ledger range [{start}, {end}]")
+    counts = np.array(message.counts, dtype=np.int64)
+    n = len(counts)
+    if n == 0 or not (
+        len(message.min_deliver_at_deltas)
+        == len(message.deliver_at_spans)
+        == len(message.ledger_counts)
+        == n
+    ):
+        raise ValueError("segment columns differ in length or are empty")
+    deltas_t = np.array(message.min_deliver_at_deltas, dtype=np.int64)
+    spans_t = np.array(message.deliver_at_spans, dtype=np.uint64)
+    # int64 sums could wrap silently: a coarse float64 bound decides, exact ints confirm.
+    approx_min = np.cumsum(deltas_t.astype(np.float64))
+    if np.any(np.abs(approx_min) > 9e18) or np.any(approx_min + spans_t.astype(np.float64) > 9e18):
+        mins_py = list(itertools.accumulate(message.min_deliver_at_deltas))
+        spans_py = list(message.deliver_at_spans)
+        if not all(
+            low >= -(2**63) and low + span < 2**63
+            for low, span in zip(mins_py, spans_py, strict=True)
+        ):
+            raise ValueError("deliver times out of range")
+    mins = np.cumsum(deltas_t)
+    maxs = mins + spans_t.astype(np.int64)
+    if np.any(mins[1:] < maxs[:-1]):
+        raise ValueError("a segment starts before the previous one ends")
+    if np.any(counts < 1):
+        raise ValueError("a segment has no indexes")
+    ledger_counts = np.array(message.ledger_counts, dtype=np.int64)
+    if np.any(ledger_counts < 1):
+        raise ValueError("a segment has no ledgers")
+    offsets = np.concatenate([[0], np.cumsum(ledger_counts)]).astype(np.int64)
+    deltas = np.array(message.ledger_deltas, dtype=np.uint64)
+    if len(deltas) != int(offsets[-1]) or len(message.bitmaps) != len(deltas):
+        raise ValueError("ledger columns do not match the ledger counts")
+    span = np.uint64(end - start)
+    if np.any(deltas > span):
+        raise ValueError("a ledger lies outside the bucket's range")
+    firsts = offsets[:-1]
+    not_first = np.ones(len(deltas), dtype=bool)
+    not_first[firsts] = False
+    if np.any(deltas[not_first] == 0):
+        raise ValueError("a segment's ledgers are not ascending")
+    # Cumulative sum restarting at each segment; each step stays below 2**64 (values <= 2**63).
+    running = np.cumsum(deltas, dtype=np.uint64)
+    restart = np.repeat(running[firsts] - deltas[firsts], ledger_counts)
+    relative = running - restart
+    if np.any(relative > span):
+        raise ValueError("a ledger lies outside the bucket's range")
+    ledgers = relative.astype(np.int64) + np.int64(start)
+    bitmaps = tuple(message.bitmaps)
+    if check_bitmaps:
+        cardinality = _impl.roaring_cardinalities(list(bitmaps))
+        if np.any(cardinality < 1) or not np.array_equal(
+            np.add.reduceat(cardinality, firsts), counts
+        ):
+            raise ValueError("the bitmaps do not hold the segment counts")
+    if message.num_messages != int(counts.sum()):
+        raise ValueError("num_messages differs from the segment counts")
+    return SnapshotMetadata(start, end, mins, maxs, counts, offsets, ledgers, bitmaps)
+
+
+class SegmentList(Sequence[Segment]):
+    """Decoded segments sharing three concatenated arrays; a Segment is built on access."""
+
+    __slots__ = ("_bounds", "entries", "ledgers", "times")
+
+    def __init__(
+        self, times: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, offsets: np.ndarray
+    ) -> None:
+        self.times, self.ledgers, self.entries = times, ledgers, entries
+        self._bounds = offsets.tolist()
+
+    def __len__(self) -> int:
+        return len(self._bounds) - 1
+
+    @overload
+    def __getitem__(self, index: int) -> Segment: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Segment]: ...
+    def __getitem__(self, index: int | slice) -> Segment | list[Segment]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("segment index out of range")
+        a, b = self._bounds[index], self._bounds[index + 1]
+        return Segment(self.times[a:b], self.ledgers[a:b], self.entries[a:b])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"SegmentList({len(self)} segments, {len(self.times)} indexes)"
+
+
+def decode_segment_buffer(
+    buffer: bytes | memoryview,
+    entry_lengths: Sequence[int],
+    metadata: SnapshotMetadata,
+    first: int,
+    name: str,
+) -> SegmentList:
+    """Decode consecutive framed segment entries held back to back in ``buffer``.
+
+    Entry ``i`` of the buffer is segment ``first + i``. One native call verifies the checksums
+    and decodes them all.
+    """
+    count = len(entry_lengths)
+    if first < 1 or first + count - 1 > metadata.num_segments:
+        raise ValueError(f"segments {first}..{first + count - 1} outside the snapshot")
+    if count == 0:
+        empty = np.empty(0, dtype=np.int64)
+        return SegmentList(empty, empty, empty, np.zeros(1, dtype=np.int64))
+    a, b = first - 1, first - 1 + count
+    try:
+        times, ledgers, entry_ids, offsets = _impl.decode_segments(
+            buffer,
+            np.asarray(entry_lengths, dtype=np.int64),
+            first,
+            metadata.mins[a:b],
+            metadata.maxs[a:b] - metadata.mins[a:b],
+            metadata.counts[a:b],
+            metadata.ledger_offsets[a : b + 1],
+            metadata.ledgers,
+            metadata.bitmaps,
+        )
+    except ValueError as exc:
+        raise SnapshotCorruptError(f"{name}: {exc}") from None
+    return SegmentList(times, ledgers, entry_ids, offsets)
+
+
+def decode_segments(
+    entries: Sequence[bytes], metadata: SnapshotMetadata, first: int, name: str
+) -> SegmentList:
+    """Decode framed segment entries ``first, first+1, ...`` of a snapshot, using its metadata."""
+    return decode_segment_buffer(
+        b"".join(entries), [len(e) for e in entries], metadata, first, name
+    )
+
+
+def decode_snapshot(data: bytes, name: str) -> tuple[SnapshotMetadata, SegmentList]:
+    """Decode a whole stored object."""
+    header = read_header(data, name)
+    if len(data) != header.total_bytes:
+        raise SnapshotCorruptError(
+            f"{name}: object is {len(data)} bytes, its header says {header.total_bytes}"
+        )
+    meta_end = header.header_bytes + header.entry_lengths[0]
+    metadata = decode_metadata(
+        bytes(data[header.header_bytes : meta_end]), name, check_bitmaps=False
+    )
+    if header.num_segments != metadata.num_segments:
+        raise SnapshotCorruptError(
+            f"{name}: {header.num_segments} segment entries, metadata lists {metadata.num_segments}"
+        )
+    segments = decode_segment_buffer(
+        memoryview(data)[meta_end:], header.entry_lengths[1:], metadata, 1, name
+    )
+    return metadata, segments

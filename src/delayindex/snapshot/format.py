@@ -1,0 +1,364 @@
+"""Snapshot domain types and the builder that cuts a bucket into segments.
+
+A snapshot holds one sealed bucket: every index ``(deliver_at, ledger, entry)`` of a ledger
+range, sorted by that triple and cut into segments (Pulsar's rule, §2.3): a segment starting at
+deliver time ``T`` takes the following indexes while their time is ``<= T + step - 1`` and it
+holds fewer than ``max_indexes`` (-1: no count limit). Segments are numbered from 1, as Pulsar's
+ledger entries are; entry 0 of a stored snapshot is the metadata.
+
+:class:`SnapshotMetadata` is what recovery reads: per segment the time range, the count and the
+positions as per-ledger roaring bitmaps (kept as their portable serialization; parse on demand).
+:class:`Segment` is a loaded segment: three int64 arrays in ``(time, ledger, entry)`` order.
+
+These types never touch protobuf or I/O; ``delayindex.snapshot.codec`` turns them into bytes.
+"""
+
+from __future__ import annotations
+
+import array
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from pyroaring import BitMap
+
+from delayindex.model import MAX_ENTRY_ID, MAX_LEDGER_ID
+
+FORMAT_VERSION = 1
+
+Int64Array = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, eq=False)
+class SegmentMeta:
+    """What the metadata says about one segment.
+
+    ``ledgers`` is ascending; ``bitmaps[i]`` is the portable roaring serialization of the entry
+    ids of ``ledgers[i]`` in this segment.
+    """
+
+    min_deliver_at: int
+    max_deliver_at: int
+    count: int
+    ledgers: tuple[int, ...]
+    bitmaps: tuple[bytes, ...]
+
+    def bitmap(self, ledger: int) -> BitMap:
+        """The entry ids of ``ledger`` in this segment (empty if the ledger has none)."""
+        for candidate, data in zip(self.ledgers, self.bitmaps, strict=True):
+            if candidate == ledger:
+                return BitMap.deserialize(data)
+        return BitMap()
+
+    def items(self) -> Iterator[tuple[int, BitMap]]:
+        """``(ledger, BitMap)`` pairs in ledger order."""
+        for ledger, data in zip(self.ledgers, self.bitmaps, strict=True):
+            yield ledger, BitMap.deserialize(data)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SegmentMeta):
+            return NotImplemented
+        return (
+            self.min_deliver_at == other.min_deliver_at
+            and self.max_deliver_at == other.max_deliver_at
+            and self.count == other.count
+            and self.ledgers == other.ledgers
+            and [BitMap.deserialize(b) for b in self.bitmaps]
+            == [BitMap.deserialize(b) for b in other.bitmaps]
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class SnapshotMetadata:
+    """Entry 0 of a snapshot: the bucket's ledger range and, per segment, its facts.
+
+    Stored column-wise (numpy arrays, one element per segment; ledgers and bitmaps flat with
+    ``ledger_offsets`` marking each segment's slice) so that snapshots with thousands of tiny
+    segments cost no Python object per segment; :attr:`segments` builds :class:`SegmentMeta`
+    views on first use. Immutable by convention: the arrays are made read-only.
+    """
+
+    __slots__ = (
+        "_segments",
+        "bitmaps",
+        "counts",
+        "end_ledger",
+        "format_version",
+        "ledger_offsets",
+        "ledgers",
+        "maxs",
+        "mins",
+        "start_ledger",
+    )
+
+    def __init__(
+        self,
+        start_ledger: int,
+        end_ledger: int,
+        mins: Int64Array,
+        maxs: Int64Array,
+        counts: Int64Array,
+        ledger_offsets: Int64Array,
+        ledgers: Int64Array,
+        bitmaps: tuple[bytes, ...],
+        format_version: int = FORMAT_VERSION,
+    ) -> None:
+        self.start_ledger = int(start_ledger)
+        self.end_ledger = int(end_ledger)
+        self.mins = _frozen(mins)
+        self.maxs = _frozen(maxs)
+        self.counts = _frozen(counts)
+        self.ledger_offsets = _frozen(ledger_offsets)
+        self.ledgers = _frozen(ledgers)
+        self.bitmaps = tuple(bitmaps)
+        self.format_version = format_version
+        self._segments: tuple[SegmentMeta, ...] | None = None
+        n = len(self.mins)
+        if not (len(self.maxs) == len(self.counts) == n and len(self.ledger_offsets) == n + 1):
+            raise ValueError("segment columns differ in length")
+        n_ledgers = len(self.ledgers)
+        if n_ledgers != len(self.bitmaps) or int(self.ledger_offsets[-1]) != n_ledgers:
+            raise ValueError("ledgers, bitmaps and ledger_offsets do not line up")
+
+    @classmethod
+    def from_segments(
+        cls, start_ledger: int, end_ledger: int, segments: Sequence[SegmentMeta]
+    ) -> SnapshotMetadata:
+        """Build from per-segment records."""
+        offsets = np.cumsum([0, *(len(s.ledgers) for s in segments)], dtype=np.int64)
+        return cls(
+            start_ledger,
+            end_ledger,
+            np.array([s.min_deliver_at for s in segments], dtype=np.int64),
+            np.array([s.max_deliver_at for s in segments], dtype=np.int64),
+            np.array([s.count for s in segments], dtype=np.int64),
+            offsets,
+            np.array([lg for s in segments for lg in s.ledgers], dtype=np.int64),
+            tuple(b for s in segments for b in s.bitmaps),
+        )
+
+    @property
+    def segments(self) -> tuple[SegmentMeta, ...]:
+        """Per-segment records (built on first use)."""
+        if self._segments is None:
+            offsets = self.ledger_offsets.tolist()
+            ledgers = self.ledgers.tolist()
+            self._segments = tuple(
+                SegmentMeta(low, high, count, tuple(ledgers[a:b]), self.bitmaps[a:b])
+                for low, high, count, a, b in zip(
+                    self.mins.tolist(),
+                    self.maxs.tolist(),
+                    self.counts.tolist(),
+                    offsets[:-1],
+                    offsets[1:],
+                    strict=True,
+                )
+            )
+        return self._segments
+
+    @property
+    def num_messages(self) -> int:
+        """Indexes in the snapshot."""
+        return int(self.counts.sum())
+
+    @property
+    def num_segments(self) -> int:
+        """Segments in the snapshot (numbered 1..num_segments)."""
+        return len(self.counts)
+
+    def segment(self, number: int) -> SegmentMeta:
+        """Segment ``number`` (1-based)."""
+        if not 1 <= number <= self.num_segments:
+            raise IndexError(f"segment {number} outside 1..{self.num_segments}")
+        return self.segments[number - 1]
+
+    def first_live_segment(self, cutoff: int) -> int | None:
+        """The first segment with an index not yet due at ``cutoff`` (None: all due)."""
+        live = np.flatnonzero(self.maxs > cutoff)
+        return int(live[0]) + 1 if len(live) else None
+
+    def ledger_bitmaps(self, first_segment: int = 1) -> dict[int, BitMap]:
+        """Union of the per-ledger bitmaps of segments ``first_segment..`` (recovery's set)."""
+        start = int(self.ledger_offsets[max(first_segment, 1) - 1]) if self.num_segments else 0
+        out: dict[int, BitMap] = {}
+        for ledger, data in zip(self.ledgers[start:].tolist(), self.bitmaps[start:], strict=True):
+            bm = BitMap.deserialize(data)
+            if ledger in out:
+                out[ledger] |= bm
+            else:
+                out[ledger] = bm
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SnapshotMetadata):
+            return NotImplemented
+        return (self.start_ledger, self.end_ledger, self.format_version) == (
+            other.start_ledger,
+            other.end_ledger,
+            other.format_version,
+        ) and self.segments == other.segments
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"SnapshotMetadata(ledgers={self.start_ledger}..{self.end_ledger}, "
+            f"segments={self.num_segments}, messages={self.num_messages})"
+        )
+
+
+class Segment:
+    """A loaded segment: int64 arrays sorted by ``(time, ledger, entry)``."""
+
+    __slots__ = ("entries", "ledgers", "times")
+
+    def __init__(self, times: Int64Array, ledgers: Int64Array, entries: Int64Array) -> None:
+        self.times = times
+        self.ledgers = ledgers
+        self.entries = entries
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Segment):
+            return NotImplemented
+        return (
+            np.array_equal(self.times, other.times)
+            and np.array_equal(self.ledgers, other.ledgers)
+            and np.array_equal(self.entries, other.entries)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Segment({len(self)} indexes)"
+
+    def triples(self) -> list[tuple[int, int, int]]:
+        """The indexes as Python tuples (for tests and debugging)."""
+        return list(
+            zip(self.times.tolist(), self.ledgers.tolist(), self.entries.tolist(), strict=True)
+        )
+
+
+def _frozen(values: object) -> Int64Array:
+    out = np.array(values, dtype=np.int64)
+    out.flags.writeable = False
+    return out
+
+
+def _int64(values: object, name: str) -> Int64Array:
+    array_ = np.asarray(values)
+    if array_.ndim != 1 or (len(array_) and array_.dtype.kind not in "iu"):
+        raise TypeError(f"{name} must be a 1-d integer array")
+    return np.ascontiguousarray(array_, dtype=np.int64)
+
+
+def cut_segments(
+    times: Int64Array, max_time_step_ms: int, max_indexes_per_segment: int
+) -> list[tuple[int, int]]:
+    """Segment boundaries ``[(start, stop), ...]`` over ``times`` sorted ascending.
+
+    A segment starting at time ``T`` holds the indexes with time ``<= T + step - 1`` and at most
+    ``max_indexes_per_segment`` of them (-1: unlimited). O(segments x log n).
+    """
+    if max_time_step_ms < 1:
+        raise ValueError(f"max_time_step_ms must be >= 1, got {max_time_step_ms}")
+    if max_indexes_per_segment != -1 and max_indexes_per_segment < 1:
+        raise ValueError(
+            f"max_indexes_per_segment must be >= 1 or -1, got {max_indexes_per_segment}"
+        )
+    bounds: list[tuple[int, int]] = []
+    n = len(times)
+    start = 0
+    while start < n:
+        upper = min(int(times[start]) + max_time_step_ms - 1, 2**63 - 1)
+        stop = int(np.searchsorted(times, upper, side="right"))
+        if max_indexes_per_segment != -1:
+            stop = min(stop, start + max_indexes_per_segment)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def _bitmap_bytes(entries: npt.NDArray[np.int64]) -> bytes:
+    bm = BitMap(array.array("I", entries.astype(np.uint32).tobytes()))
+    bm.run_optimize()
+    return bytes(bm.serialize())
+
+
+def build_snapshot(
+    times: Sequence[int] | Int64Array,
+    ledgers: Sequence[int] | Int64Array,
+    entries: Sequence[int] | Int64Array,
+    *,
+    max_time_step_ms: int,
+    max_indexes_per_segment: int,
+    start_ledger: int | None = None,
+    end_ledger: int | None = None,
+) -> tuple[SnapshotMetadata, list[Segment]]:
+    """Sort the indexes, cut them into segments and describe them.
+
+    Args:
+        times, ledgers, entries: the bucket's indexes, any order, equal lengths, at least one.
+        max_time_step_ms, max_indexes_per_segment: the segment cut rule.
+        start_ledger, end_ledger: the bucket's ledger range (default: the ledgers' min and max);
+            every ledger must lie inside it.
+
+    Returns:
+        ``(metadata, segments)``.
+
+    Raises:
+        ValueError: empty input, unequal lengths, ids out of range, a ledger outside the range,
+            or the same position twice.
+        TypeError: non-integer arrays.
+    """
+    t = _int64(times, "times")
+    lg = _int64(ledgers, "ledgers")
+    en = _int64(entries, "entries")
+    if not len(t) == len(lg) == len(en):
+        raise ValueError(
+            f"times, ledgers, entries differ in length: {len(t)}, {len(lg)}, {len(en)}"
+        )
+    if len(t) == 0:
+        raise ValueError("a snapshot needs at least one index")
+    if lg.min() < 0 or en.min() < 0 or en.max() > MAX_ENTRY_ID:
+        raise ValueError("ledger ids must be >= 0 and entry ids in [0, 2**32)")
+    low = int(lg.min()) if start_ledger is None else start_ledger
+    high = int(lg.max()) if end_ledger is None else end_ledger
+    if not 0 <= low <= high <= MAX_LEDGER_ID:
+        raise ValueError(f"bad ledger range [{low}, {high}]")
+    if lg.min() < low or lg.max() > high:
+        raise ValueError(f"ledgers {lg.min()}..{lg.max()} fall outside [{low}, {high}]")
+    by_position = np.lexsort((en, lg))
+    sorted_l, sorted_e = lg[by_position], en[by_position]
+    if np.any((sorted_l[1:] == sorted_l[:-1]) & (sorted_e[1:] == sorted_e[:-1])):
+        raise ValueError("the same position appears twice")
+    order = np.lexsort((en, lg, t))
+    t, lg, en = t[order], lg[order], en[order]
+    bounds = cut_segments(t, max_time_step_ms, max_indexes_per_segment)
+    # Position order (ledger, entry) inside each segment: one global sort keyed by segment.
+    seg_of = np.repeat(np.arange(len(bounds)), [stop - start for start, stop in bounds])
+    by_pos = np.lexsort((en, lg, seg_of))
+    pos_l, pos_e = lg[by_pos], en[by_pos]
+    metas: list[SegmentMeta] = []
+    segments: list[Segment] = []
+    for start, stop in bounds:
+        seg_l, seg_e = pos_l[start:stop], pos_e[start:stop]
+        uniq, first = np.unique(seg_l, return_index=True)
+        edges = [*first.tolist(), len(seg_l)]
+        metas.append(
+            SegmentMeta(
+                min_deliver_at=int(t[start]),
+                max_deliver_at=int(t[stop - 1]),
+                count=stop - start,
+                ledgers=tuple(uniq.tolist()),
+                bitmaps=tuple(
+                    _bitmap_bytes(seg_e[edges[i] : edges[i + 1]]) for i in range(len(uniq))
+                ),
+            )
+        )
+        segments.append(Segment(t[start:stop].copy(), lg[start:stop].copy(), en[start:stop].copy()))
+    return SnapshotMetadata.from_segments(low, high, metas), segments
