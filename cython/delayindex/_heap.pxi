@@ -273,7 +273,7 @@ cdef class TripleHeap:
         """Return the smallest triple without removing it."""
         if self.n == 0:
             raise IndexError("peek from an empty TripleHeap")
-        return (self.data[0].time, self.data[0].ledger, self.data[0].entry)
+        return di_int_triple(self.data[0].time, self.data[0].ledger, self.data[0].entry)
 
     def pop(self) -> tuple:
         """Remove and return the smallest triple."""
@@ -282,7 +282,7 @@ cdef class TripleHeap:
             raise IndexError("pop from an empty TripleHeap")
         top = self.cpop()
         self._maybe_shrink()
-        return (top.time, top.ledger, top.entry)
+        return di_int_triple(top.time, top.ledger, top.entry)
 
     def pop_due(self, cutoff, max_n) -> tuple:
         """Pop up to ``max_n`` heads whose time is ``<= cutoff``, in heap order.

@@ -32,6 +32,25 @@ cdef extern from *:
         return pair;
     }
 
+    /* A (time, ledger, entry) tuple of ints, untracked by the GC like the pair above: popping
+       a million of them must not make every gen-0 collection walk them. */
+    static PyObject* di_int_triple(long long a, long long b, long long c) {
+        PyObject* t = PyTuple_New(3);
+        PyObject* x;
+        if (t == NULL) return NULL;
+        if ((x = PyLong_FromLongLong(a)) == NULL) goto fail;
+        PyTuple_SET_ITEM(t, 0, x);
+        if ((x = PyLong_FromLongLong(b)) == NULL) goto fail;
+        PyTuple_SET_ITEM(t, 1, x);
+        if ((x = PyLong_FromLongLong(c)) == NULL) goto fail;
+        PyTuple_SET_ITEM(t, 2, x);
+        if (PyObject_GC_IsTracked(t)) PyObject_GC_UnTrack(t);
+        return t;
+    fail:
+        Py_DECREF(t);
+        return NULL;
+    }
+
     /* Positions to sort; an inlined quicksort beats qsort's indirect compares 3-4x here. */
     typedef struct { long long ledger; long long entry; } DiPos;
 
@@ -71,6 +90,7 @@ cdef extern from *:
         long long entry
     void di_sort_pos(DiPos* a, Py_ssize_t n) nogil
     object di_make_pair(object type, object first, long long second)
+    tuple di_int_triple(long long a, long long b, long long c)
 
 from operator import index as _index
 
