@@ -110,6 +110,8 @@ cdef Py_ssize_t roaring_parse(const uint8_t* data, Py_ssize_t size, uint32_t* ou
             raise ValueError("roaring: truncated run flags")
         run_flags = data + pos
         pos += (n_containers + 7) // 8
+        if n_containers % 8 and run_flags[n_containers // 8] >> (n_containers % 8):
+            raise ValueError("roaring: run flags set for containers that do not exist")
     elif cookie == ROARING_COOKIE_NO_RUN:
         if size < 8:
             raise ValueError("roaring: truncated size")
@@ -218,6 +220,107 @@ def roaring_cardinalities(list bitmaps not None):
         data = bitmaps[i]
         view[i] = roaring_parse(&data[0] if data.shape[0] else NULL, data.shape[0], NULL, 0)
     return out
+
+
+def roaring_check_positions(const int64_t[:] ledgers not None, list bitmaps not None):
+    """Validate bitmaps aligned with ``ledgers``; fail if a (ledger, entry) appears twice.
+
+    Returns the cardinalities (int64 array). Bitmaps of one ledger that appear several times
+    (one per segment) must be disjoint: their entries are marked in a bitset spanning the
+    group's entry range (sorted instead when that range is sparse).
+    """
+    cdef Py_ssize_t n = ledgers.shape[0], i, j, a, b, total, got, card, largest = 0
+    cdef Py_ssize_t words, bitset_words = 0
+    cdef uint32_t low, high, value
+    cdef const uint8_t[::1] data
+    cdef uint32_t* buf = NULL
+    cdef uint64_t* bitset = NULL
+    cdef uint64_t* keys = NULL
+    cdef uint64_t* scratch_keys = NULL
+    cdef int64_t* scratch = NULL
+    if n != len(bitmaps):
+        raise ValueError("ledgers and bitmaps differ in length")
+    cards = np.zeros(n, dtype=np.int64)
+    cdef int64_t[::1] vc = cards
+    cdef int64_t[::1] vo = np.argsort(np.asarray(ledgers), kind="stable").astype(np.int64)
+    # Count every bitmap (validating it); size scratch for the largest multi-bitmap group.
+    a = 0
+    while a < n:
+        b = a + 1
+        while b < n and ledgers[vo[b]] == ledgers[vo[a]]:
+            b += 1
+        total = 0
+        for i in range(a, b):
+            data = bitmaps[vo[i]]
+            vc[vo[i]] = roaring_parse(&data[0] if data.shape[0] else NULL, data.shape[0],
+                                      NULL, 0)
+            total += vc[vo[i]]
+        if b - a > 1 and total > largest:
+            largest = total
+        a = b
+    if largest == 0:
+        return cards
+    try:
+        buf = <uint32_t*> malloc(largest * sizeof(uint32_t))
+        if buf == NULL:
+            raise MemoryError()
+        a = 0
+        while a < n:
+            b = a + 1
+            while b < n and ledgers[vo[b]] == ledgers[vo[a]]:
+                b += 1
+            if b - a > 1:
+                got = 0
+                for i in range(a, b):
+                    data = bitmaps[vo[i]]
+                    card = roaring_parse(&data[0] if data.shape[0] else NULL, data.shape[0],
+                                         buf + got, largest - got)
+                    got += card
+                low = buf[0]
+                high = buf[0]
+                for j in range(got):
+                    if buf[j] < low:
+                        low = buf[j]
+                    if buf[j] > high:
+                        high = buf[j]
+                words = ((<Py_ssize_t> (high - low)) >> 6) + 1
+                if words <= 2 * got + 16:
+                    if words > bitset_words:
+                        free(bitset)
+                        bitset = <uint64_t*> malloc(words * sizeof(uint64_t))
+                        if bitset == NULL:
+                            raise MemoryError()
+                        bitset_words = words
+                    memset(bitset, 0, words * sizeof(uint64_t))
+                    for j in range(got):
+                        value = buf[j] - low
+                        if (bitset[value >> 6] >> (value & 63)) & 1:
+                            raise ValueError(
+                                f"position ({ledgers[vo[a]]}, {buf[j]}) is in two segments")
+                        bitset[value >> 6] |= (<uint64_t> 1) << (value & 63)
+                else:
+                    if keys == NULL:
+                        keys = <uint64_t*> malloc(largest * sizeof(uint64_t))
+                        scratch_keys = <uint64_t*> malloc(largest * sizeof(uint64_t))
+                        scratch = <int64_t*> malloc(4 * largest * sizeof(int64_t))
+                        if not (keys and scratch_keys and scratch):
+                            raise MemoryError()
+                    for j in range(got):
+                        keys[j] = buf[j]
+                    radix_sort(keys, scratch, scratch + largest, got, 32, scratch_keys,
+                               scratch + 2 * largest, scratch + 3 * largest)
+                    for j in range(1, got):
+                        if keys[j] == keys[j - 1]:
+                            raise ValueError(
+                                f"position ({ledgers[vo[a]]}, {keys[j]}) is in two segments")
+            a = b
+    finally:
+        free(buf)
+        free(bitset)
+        free(keys)
+        free(scratch_keys)
+        free(scratch)
+    return cards
 
 
 def pack_times(const int64_t[:] times not None, int64_t base, int64_t span):
@@ -463,6 +566,8 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
                 if keys[j] > <uint64_t> spans[s]:
                     raise ValueError(f"segment {s}: a packed time exceeds the span")
             radix_sort(keys, ls, es, n, bits, sk, sl, se)
+            if keys[0] != 0 or keys[n - 1] != <uint64_t> spans[s]:
+                raise ValueError(f"segment {s}: times do not span its metadata range")
             for j in range(n):
                 vt[start + j] = mins[s] + <int64_t> keys[j]
                 vl[start + j] = ls[j]

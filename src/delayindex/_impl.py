@@ -30,6 +30,7 @@ CODEC_KERNELS = (
     "pack_times",
     "read_varints",
     "roaring_cardinalities",
+    "roaring_check_positions",
     "roaring_entries",
 )
 
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
         pack_times,
         read_varints,
         roaring_cardinalities,
+        roaring_check_positions,
         roaring_entries,
     )
     from delayindex._pure.core import TrackerCore
@@ -89,6 +91,7 @@ else:
     pack_times = _kernels.pack_times
     read_varints = _kernels.read_varints
     roaring_cardinalities = _kernels.roaring_cardinalities
+    roaring_check_positions = _kernels.roaring_check_positions
     roaring_entries = _kernels.roaring_entries
 
 
@@ -106,6 +109,7 @@ __all__ = [
     "pure_wall_clock_ms",
     "read_varints",
     "roaring_cardinalities",
+    "roaring_check_positions",
     "roaring_entries",
     "wall_clock_ms",
 ]

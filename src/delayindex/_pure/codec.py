@@ -56,10 +56,10 @@ def pack_times(times: Int64Array, base: int, span: int) -> bytes:
     bits = _bit_length(span)
     if bits == 0:
         return b""
-    stream = 0
-    for i, v in enumerate(offsets.tolist()):
-        stream |= v << (i * bits)
-    return stream.to_bytes((len(values) * bits + 7) // 8, "little")
+    # Vectorized: one row of `bits` little-endian bits per value, packed LSB-first.
+    unsigned = (values.astype(np.uint64) - np.uint64(base & (2**64 - 1))).astype(np.uint64)
+    matrix = (unsigned[:, None] >> np.arange(bits, dtype=np.uint64)) & np.uint64(1)
+    return bytes(np.packbits(matrix.astype(np.uint8).ravel(), bitorder="little"))
 
 
 def read_varints(data: bytes, start: int, count: int) -> tuple[Int64Array, int]:
@@ -87,7 +87,36 @@ def read_varints(data: bytes, start: int, count: int) -> tuple[Int64Array, int]:
 
 def murmur3_32(data: bytes, seed: int) -> int:
     """MurmurHash3 x86_32 of ``data`` (the ``mmh3`` library's)."""
+    if not 0 <= seed < 2**32:
+        raise OverflowError("seed must fit uint32")
     return int(mmh3.hash(bytes(data), seed, signed=False))
+
+
+def roaring_check_positions(ledgers: Int64Array, bitmaps: list[bytes]) -> Int64Array:
+    """Validate bitmaps aligned with ``ledgers``; fail if a (ledger, entry) appears twice."""
+    if len(ledgers) != len(bitmaps):
+        raise ValueError("ledgers and bitmaps differ in length")
+    cards = roaring_cardinalities(bitmaps)
+    seen: dict[int, BitMap] = {}
+    for ledger, data in zip(np.asarray(ledgers).tolist(), bitmaps, strict=True):
+        bm = BitMap.deserialize(bytes(data))
+        if ledger in seen:
+            overlap = seen[ledger] & bm
+            if overlap:
+                raise ValueError(f"position ({ledger}, {overlap.min()}) is in two segments")
+            seen[ledger] |= bm
+        else:
+            seen[ledger] = bm
+    return cards
+
+
+def _unpack(payload: bytes, n: int, bits: int) -> list[int]:
+    if bits == 0:
+        return [0] * n
+    flat = np.unpackbits(np.frombuffer(payload, dtype=np.uint8), bitorder="little")
+    matrix = flat[: n * bits].reshape(n, bits).astype(np.uint64)
+    values = (matrix << np.arange(bits, dtype=np.uint64)).sum(axis=1, dtype=np.uint64)
+    return [int(v) for v in values.tolist()]
 
 
 def decode_segments(
@@ -142,11 +171,11 @@ def decode_segments(
             raise ValueError(f"segment {s}: bitmap cardinality does not match the count")
         entries = np.concatenate(parts).astype(np.int64)
         seg_l = np.repeat(np.array(seg_ledgers, dtype=np.int64), [len(p) for p in parts])
-        stream = int.from_bytes(payload, "little")
-        mask = (1 << bits) - 1
-        keys = [(stream >> (i * bits)) & mask for i in range(n)] if bits else [0] * n
+        keys = _unpack(payload, n, bits)
         if any(k > span for k in keys):
             raise ValueError(f"segment {s}: a packed time exceeds the span")
+        if min(keys) != 0 or max(keys) != span:
+            raise ValueError(f"segment {s}: times do not span its metadata range")
         order = np.argsort(np.array(keys, dtype=np.uint64), kind="stable")
         out_t.append(np.array(keys, dtype=np.int64)[order] + low)
         out_l.append(seg_l[order])

@@ -24,7 +24,6 @@ what failed; nothing decodes silently wrong. See docs/snapshot-format.md.
 
 from __future__ import annotations
 
-import itertools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,7 +38,12 @@ from delayindex import _impl
 from delayindex.errors import SnapshotCorruptError
 from delayindex.model import MAX_LEDGER_ID
 from delayindex.pb import snapshot_pb2
-from delayindex.snapshot.format import FORMAT_VERSION, Segment, SnapshotMetadata
+from delayindex.snapshot.format import (
+    FORMAT_VERSION,
+    MAX_SEGMENT_SPAN,
+    Segment,
+    SnapshotMetadata,
+)
 
 MAGIC = b"DIXS"
 OBJECT_VERSION = 1
@@ -121,6 +125,11 @@ def _unframe(entry: bytes, index: int, name: str) -> tuple[int, bytes]:
 # -- encoding -----------------------------------------------------------------------------------
 
 
+def _wrapping_diff(values: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return np.diff(values, prepend=np.int64(0))
+
+
 def _metadata_payload(metadata: SnapshotMetadata) -> bytes:
     mins = metadata.mins
     offsets = metadata.ledger_offsets
@@ -135,7 +144,8 @@ def _metadata_payload(metadata: SnapshotMetadata) -> bytes:
         start_ledger=metadata.start_ledger,
         end_ledger=metadata.end_ledger,
         num_messages=metadata.num_messages,
-        min_deliver_at_deltas=np.diff(mins, prepend=np.int64(0)).tolist(),
+        # int64 wrap-around is intended: deltas are modulo 2**64 (see the decoder).
+        min_deliver_at_deltas=_wrapping_diff(mins).tolist(),
         deliver_at_spans=(metadata.maxs - mins).tolist(),
         counts=metadata.counts.tolist(),
         ledger_counts=np.diff(offsets).tolist(),
@@ -293,20 +303,17 @@ def _metadata_from_message(
         == n
     ):
         raise ValueError("segment columns differ in length or are empty")
+    # Min deltas are stored modulo 2**64 (consecutive minimums may lie up to 2**64 - 1 apart),
+    # so int64 wrap-around in the cumulative sum restores them exactly.
     deltas_t = np.array(message.min_deliver_at_deltas, dtype=np.int64)
     spans_t = np.array(message.deliver_at_spans, dtype=np.uint64)
-    # int64 sums could wrap silently: a coarse float64 bound decides, exact ints confirm.
-    approx_min = np.cumsum(deltas_t.astype(np.float64))
-    if np.any(np.abs(approx_min) > 9e18) or np.any(approx_min + spans_t.astype(np.float64) > 9e18):
-        mins_py = list(itertools.accumulate(message.min_deliver_at_deltas))
-        spans_py = list(message.deliver_at_spans)
-        if not all(
-            low >= -(2**63) and low + span < 2**63
-            for low, span in zip(mins_py, spans_py, strict=True)
-        ):
-            raise ValueError("deliver times out of range")
-    mins = np.cumsum(deltas_t)
-    maxs = mins + spans_t.astype(np.int64)
+    if np.any(spans_t >= np.uint64(MAX_SEGMENT_SPAN)):
+        raise ValueError("a segment spans too much time")
+    with np.errstate(over="ignore"):
+        mins = np.cumsum(deltas_t)
+        maxs = mins + spans_t.astype(np.int64)
+    if np.any(maxs < mins):
+        raise ValueError("deliver times out of range")
     if np.any(mins[1:] < maxs[:-1]):
         raise ValueError("a segment starts before the previous one ends")
     if np.any(counts < 1):
@@ -335,7 +342,7 @@ def _metadata_from_message(
     ledgers = relative.astype(np.int64) + np.int64(start)
     bitmaps = tuple(message.bitmaps)
     if check_bitmaps:
-        cardinality = _impl.roaring_cardinalities(list(bitmaps))
+        cardinality = _impl.roaring_check_positions(ledgers, list(bitmaps))
         if np.any(cardinality < 1) or not np.array_equal(
             np.add.reduceat(cardinality, firsts), counts
         ):
@@ -437,9 +444,7 @@ def decode_snapshot(data: bytes, name: str) -> tuple[SnapshotMetadata, SegmentLi
             f"{name}: object is {len(data)} bytes, its header says {header.total_bytes}"
         )
     meta_end = header.header_bytes + header.entry_lengths[0]
-    metadata = decode_metadata(
-        bytes(data[header.header_bytes : meta_end]), name, check_bitmaps=False
-    )
+    metadata = decode_metadata(bytes(data[header.header_bytes : meta_end]), name)
     if header.num_segments != metadata.num_segments:
         raise SnapshotCorruptError(
             f"{name}: {header.num_segments} segment entries, metadata lists {metadata.num_segments}"

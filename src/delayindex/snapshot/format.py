@@ -26,6 +26,8 @@ from pyroaring import BitMap
 from delayindex.model import MAX_ENTRY_ID, MAX_LEDGER_ID
 
 FORMAT_VERSION = 1
+#: Segment time steps (and so spans) stay below this, far inside int64 arithmetic.
+MAX_SEGMENT_SPAN = 2**62
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -250,9 +252,19 @@ def _frozen(values: object) -> Int64Array:
 
 
 def _int64(values: object, name: str) -> Int64Array:
-    array_ = np.asarray(values)
-    if array_.ndim != 1 or (len(array_) and array_.dtype.kind not in "iu"):
+    try:
+        array_ = np.asarray(values)
+    except OverflowError:
+        raise ValueError(f"{name} has a value beyond int64") from None
+    if array_.ndim != 1 or (len(array_) and array_.dtype.kind not in "iuO"):
         raise TypeError(f"{name} must be a 1-d integer array")
+    if array_.dtype.kind == "O":
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in array_.tolist()):
+            raise TypeError(f"{name} must hold ints")
+        if any(not -(2**63) <= v < 2**63 for v in array_.tolist()):
+            raise ValueError(f"{name} has a value beyond int64")
+    elif array_.dtype.kind == "u" and len(array_) and int(array_.max()) >= 2**63:
+        raise ValueError(f"{name} has a value beyond int64")
     return np.ascontiguousarray(array_, dtype=np.int64)
 
 
@@ -264,8 +276,8 @@ def cut_segments(
     A segment starting at time ``T`` holds the indexes with time ``<= T + step - 1`` and at most
     ``max_indexes_per_segment`` of them (-1: unlimited). O(segments x log n).
     """
-    if max_time_step_ms < 1:
-        raise ValueError(f"max_time_step_ms must be >= 1, got {max_time_step_ms}")
+    if not 1 <= max_time_step_ms <= MAX_SEGMENT_SPAN:
+        raise ValueError(f"max_time_step_ms must be in [1, 2**62], got {max_time_step_ms}")
     if max_indexes_per_segment != -1 and max_indexes_per_segment < 1:
         raise ValueError(
             f"max_indexes_per_segment must be >= 1 or -1, got {max_indexes_per_segment}"

@@ -1,0 +1,563 @@
+"""Differential tests of the codec kernels: ``_native`` twin against ``_pure.codec`` twin.
+
+Every kernel named in ``delayindex._impl.CODEC_KERNELS`` is called on both twins with the same
+input (whatever ``DELAYINDEX_NO_EXTENSIONS`` says: the native module is imported directly). On
+valid input both must return equal results (same dtypes) that are also checked against an
+independent reference; on malformed input both must raise ValueError. Any other exception fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import mmh3
+import numpy as np
+import numpy.typing as npt
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from pyroaring import BitMap
+
+from delayindex import _impl
+from delayindex._pure import codec as pure
+from delayindex.snapshot import codec
+from delayindex.snapshot.format import Segment, SnapshotMetadata, build_snapshot
+
+I64_MIN = -(2**63)
+I64_MAX = 2**63 - 1
+U32_MAX = 2**32 - 1
+ROARING_COOKIE = 12347
+
+#: Kernels with a differential test below; must be all of them.
+TESTED = {
+    "decode_segments",
+    "murmur3_32",
+    "pack_times",
+    "read_varints",
+    "roaring_cardinalities",
+    "roaring_check_positions",
+    "roaring_entries",
+}
+
+
+def _native_module() -> ModuleType:
+    module = _impl.native_module_or_none()
+    if module is None:
+        pytest.fail("the native extension delayindex._native is not built; reinstall the package")
+    return module
+
+
+def _call(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[str, Any]:
+    try:
+        return "ok", fn(*args)
+    except ValueError as exc:
+        return "ValueError", exc
+
+
+def _assert_equal(a: Any, b: Any, where: str = "result") -> None:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        assert isinstance(a, np.ndarray) and isinstance(b, np.ndarray), where
+        assert a.dtype == b.dtype, f"{where}: dtype {a.dtype} != {b.dtype}"
+        assert np.array_equal(a, b), f"{where}: {a!r} != {b!r}"
+    elif isinstance(a, tuple):
+        assert isinstance(b, tuple) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_equal(x, y, f"{where}[{i}]")
+    else:
+        assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def _same(name: str, *args: Any) -> tuple[str, Any]:
+    """Call kernel ``name`` on both twins; both raise ValueError or both return equal results."""
+    native = _call(getattr(_native_module(), name), args)
+    python = _call(getattr(pure, name), args)
+    assert native[0] == python[0], f"{name}: native -> {native}, pure -> {python}"
+    if native[0] == "ok":
+        _assert_equal(native[1], python[1], name)
+    return native
+
+
+def _ok(name: str, *args: Any) -> Any:
+    outcome, value = _same(name, *args)
+    assert outcome == "ok", f"{name}: both raised {value!r}"
+    return value
+
+
+def _rejected(name: str, *args: Any) -> None:
+    outcome, value = _same(name, *args)
+    assert outcome == "ValueError", f"{name}: both accepted, returning {value!r}"
+
+
+def test_every_kernel_is_tested_and_exists() -> None:
+    assert set(_impl.CODEC_KERNELS) == TESTED
+    native = _native_module()
+    for name in _impl.CODEC_KERNELS:
+        assert callable(getattr(native, name))
+        assert callable(getattr(pure, name))
+        # The selector exposes the twin it chose.
+        chosen = native if _impl.NATIVE else pure
+        assert getattr(_impl, name) is getattr(chosen, name)
+
+
+# --- roaring_entries / roaring_cardinalities ---------------------------------------------------
+
+
+@st.composite
+def _bitmap_values(draw: st.DrawFn) -> list[int]:
+    values = draw(st.lists(st.integers(0, U32_MAX), max_size=40))
+    for _ in range(draw(st.integers(0, 2))):
+        # Dense ranges: bitset containers (step 2 or 3 over > 4096 values) and runs (step 1).
+        length = draw(st.sampled_from([1, 100, 4_096, 4_097, 9_000, 70_000]))
+        step = draw(st.sampled_from([1, 2, 3]))
+        start = draw(st.integers(0, U32_MAX - length * step))
+        values.extend(range(start, start + length * step, step))
+    return values
+
+
+def _serialize(values: list[int], run_optimize: bool) -> bytes:
+    bm = BitMap(values)
+    if run_optimize:
+        bm.run_optimize()
+    return bytes(bm.serialize())
+
+
+def _clear_run_flag_padding(data: bytes) -> bytes:
+    """Zero the unused bits of the run-flag bitset (both twins reject them when set)."""
+    if len(data) < 4 or int.from_bytes(data[:2], "little") != ROARING_COOKIE:
+        return data
+    n = int.from_bytes(data[2:4], "little") + 1
+    last = 4 + (n + 7) // 8 - 1
+    if n % 8 == 0 or last >= len(data):
+        return data
+    out = bytearray(data)
+    out[last] &= (1 << (n % 8)) - 1
+    return bytes(out)
+
+
+@given(_bitmap_values(), st.booleans())
+def test_roaring_entries_valid(values: list[int], run_optimize: bool) -> None:
+    data = _serialize(values, run_optimize)
+    got = _ok("roaring_entries", data)
+    assert got.dtype == np.uint32
+    assert got.tolist() == sorted(set(values))
+    cards = _ok("roaring_cardinalities", [data, _serialize([1], False)])
+    assert cards.dtype == np.int64 and cards.tolist() == [len(set(values)), 1]
+
+
+def test_roaring_container_kinds() -> None:
+    cases = {
+        "array": (list(range(0, 8_000, 2)), False, "n_array_containers"),
+        "bitset": (list(range(0, 20_000, 2)), False, "n_bitset_containers"),
+        "run": (list(range(0, 70_000)), True, "n_run_containers"),
+        "full": (list(range(65_536, 2 * 65_536)), True, "n_run_containers"),
+        "top": (list(range(U32_MAX - 5_000, U32_MAX + 1)), True, "n_run_containers"),
+        "bitset-top": (list(range(U32_MAX - 20_000, U32_MAX + 1, 3)), False, "n_bitset_containers"),
+    }
+    for name, (values, run_optimize, kind) in cases.items():
+        bm = BitMap(values)
+        if run_optimize:
+            bm.run_optimize()
+        assert bm.get_statistics()[kind] >= 1, name
+        assert _ok("roaring_entries", bytes(bm.serialize())).tolist() == values, name
+    many = BitMap(range(0, 40 * 65_536, 65_536))  # 40 containers: the offset table is present
+    assert _ok("roaring_entries", bytes(many.serialize())).tolist() == list(many)
+    assert _ok("roaring_entries", _serialize([], False)).tolist() == []
+    assert _ok("roaring_entries", _serialize([], True)).tolist() == []
+
+
+@given(
+    _bitmap_values(),
+    st.booleans(),
+    st.sampled_from(["truncate", "flip", "append", "overwrite"]),
+    st.data(),
+)
+def test_roaring_entries_damaged(
+    values: list[int], run_optimize: bool, damage: str, data: st.DataObject
+) -> None:
+    raw = bytearray(_serialize(values, run_optimize))
+    if damage == "truncate":
+        raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
+    elif damage == "flip":
+        for _ in range(data.draw(st.integers(1, 3))):
+            # Often in the headers (cookie, run flags, keys, offsets), where most checks are.
+            pos = data.draw(st.integers(0, min(len(raw) - 1, 40)) | st.integers(0, len(raw) - 1))
+            raw[pos] ^= 1 << data.draw(st.integers(0, 7))
+    elif damage == "append":
+        raw += data.draw(st.binary(min_size=1, max_size=4))
+    else:
+        pos = data.draw(st.integers(0, min(len(raw) - 1, 40)))
+        chunk = data.draw(st.binary(min_size=1, max_size=8))
+        raw[pos : pos + len(chunk)] = chunk
+    damaged = _clear_run_flag_padding(bytes(raw))
+    outcome, value = _same("roaring_entries", damaged)
+    if damage in ("truncate", "append"):
+        assert outcome == "ValueError", f"{damage}: accepted {value!r}"
+    _same("roaring_cardinalities", [_serialize([5], False), damaged])
+
+
+@given(st.binary(max_size=80))
+def test_roaring_entries_garbage(data: bytes) -> None:
+    _same("roaring_entries", _clear_run_flag_padding(data))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\x3b",
+        b"\x3b\x30",
+        b"\x3a\x30\x00\x00",
+        b"\x3a\x30\x00\x00\x00\x00\x00",
+        b"\x3b\x30\x00\x00",
+        b"\x00\x00\x00\x00\x00\x00\x00\x00",
+        b"\xff" * 16,
+    ],
+)
+def test_roaring_entries_short_or_bad_cookie(data: bytes) -> None:
+    _rejected("roaring_entries", data)
+    _rejected("roaring_cardinalities", [data])
+
+
+def test_roaring_run_flag_padding_bits() -> None:
+    data = bytearray(_serialize(list(range(100)), True))  # one run container: flags byte 0x01
+    assert data[4] == 0x01
+    data[4] |= 0x10  # flag of container 4, which does not exist
+    _rejected("roaring_entries", bytes(data))
+
+
+def test_roaring_cardinalities_empty_list_and_types() -> None:
+    assert _ok("roaring_cardinalities", []).tolist() == []
+    with pytest.raises(TypeError):
+        _native_module().roaring_entries(None)
+    with pytest.raises(TypeError):
+        pure.roaring_entries(None)  # type: ignore[arg-type]
+
+
+# --- pack_times --------------------------------------------------------------------------------
+
+
+def _reference_pack(times: list[int], base: int, span: int) -> bytes:
+    bits = span.bit_length()
+    stream = 0
+    for i, t in enumerate(times):
+        stream |= (t - base) << (i * bits)
+    return stream.to_bytes((len(times) * bits + 7) // 8, "little")
+
+
+_TIMES = st.one_of(
+    st.lists(st.integers(I64_MIN, I64_MAX), max_size=30),
+    st.lists(st.integers(-5, 300), max_size=60),
+    st.lists(st.integers(I64_MAX - 3, I64_MAX), max_size=10),
+    st.lists(st.integers(I64_MIN, I64_MIN + 3), max_size=10),
+)
+
+
+@given(_TIMES, st.integers(0, 2**63 - 1), st.booleans())
+def test_pack_times_valid(times: list[int], slack: int, strided: bool) -> None:
+    assume(times)
+    base = min(times)
+    span = max(times) - base
+    assume(span <= I64_MAX)
+    span = min(I64_MAX, span + slack % (span + 2))
+    array = np.array(times, dtype=np.int64)
+    if strided:
+        array = np.repeat(array, 2)[::2]  # a non-contiguous view
+    packed = _ok("pack_times", array, base, span)
+    assert isinstance(packed, bytes)
+    assert packed == _reference_pack(times, base, span)
+
+
+@given(_TIMES, st.sampled_from(["base+1", "span-1", "span<0", "base-far"]))
+def test_pack_times_out_of_range(times: list[int], how: str) -> None:
+    assume(times)
+    base = min(times)
+    span = max(times) - base
+    assume(span <= I64_MAX)
+    if how == "base+1":
+        assume(base < I64_MAX)
+        base += 1
+    elif how == "span-1":
+        assume(span > 0)
+        span -= 1
+    elif how == "span<0":
+        span = -1 - span % 100
+    else:  # every time lies below the base, far away
+        assume(max(times) < 0)
+        base, span = I64_MAX - 10, 10
+    _rejected("pack_times", np.array(times, dtype=np.int64), base, span)
+
+
+def test_pack_times_edges() -> None:
+    empty = np.empty(0, dtype=np.int64)
+    assert _ok("pack_times", empty, 0, 0) == b""
+    assert _ok("pack_times", empty, 5, I64_MAX) == b""
+    assert _ok("pack_times", np.array([7, 7, 7], dtype=np.int64), 7, 0) == b""
+    _rejected("pack_times", np.array([7, 8], dtype=np.int64), 7, 0)
+    full = np.array([I64_MIN, -1, I64_MIN + 1], dtype=np.int64)
+    assert _ok("pack_times", full, I64_MIN, I64_MAX) == _reference_pack(
+        full.tolist(), I64_MIN, I64_MAX
+    )
+    top = np.array([0, I64_MAX], dtype=np.int64)
+    assert _ok("pack_times", top, 0, I64_MAX) == _reference_pack([0, I64_MAX], 0, I64_MAX)
+    _rejected("pack_times", np.array([I64_MIN], dtype=np.int64), I64_MAX, I64_MAX)
+    _rejected("pack_times", np.array([I64_MAX], dtype=np.int64), I64_MIN, I64_MAX)
+    for bits in range(0, 64):
+        span = (1 << bits) - 1
+        times = np.array([0, span, span // 2, 0, span], dtype=np.int64)
+        assert _ok("pack_times", times, 0, span) == _reference_pack(times.tolist(), 0, span)
+
+
+# --- read_varints ------------------------------------------------------------------------------
+
+
+def _varints(values: list[int]) -> bytes:
+    out = bytearray()
+    for value in values:
+        codec._put_varint(out, value)
+    return bytes(out)
+
+
+@given(
+    st.lists(st.one_of(st.integers(0, 300), st.integers(0, I64_MAX)), max_size=30),
+    st.binary(max_size=6),
+    st.binary(max_size=6),
+)
+def test_read_varints_round_trip(values: list[int], prefix: bytes, suffix: bytes) -> None:
+    body = _varints(values)
+    data = prefix + body + suffix
+    got, end = _ok("read_varints", data, len(prefix), len(values))
+    assert got.dtype == np.int64
+    assert got.tolist() == values
+    assert end == len(prefix) + len(body)
+    # Fewer values than present stops early, at the end of the last one read.
+    if values:
+        got, end = _ok("read_varints", data, len(prefix), len(values) - 1)
+        assert got.tolist() == values[:-1]
+        assert end == len(prefix) + len(_varints(values[:-1]))
+
+
+@given(st.lists(st.integers(0, I64_MAX), min_size=1, max_size=20), st.data())
+def test_read_varints_truncated(values: list[int], data: st.DataObject) -> None:
+    body = _varints(values)
+    cut = data.draw(st.integers(0, len(body) - 1))
+    _rejected("read_varints", body[:cut], 0, len(values))
+
+
+@given(st.binary(max_size=40), st.integers(0, 45), st.integers(0, 12))
+def test_read_varints_garbage(data: bytes, start: int, count: int) -> None:
+    _same("read_varints", data, start, count)
+
+
+def test_read_varints_edges() -> None:
+    _rejected("read_varints", _varints([2**63]), 0, 1)  # beyond int64
+    _rejected("read_varints", _varints([2**64 - 1]), 0, 1)
+    _rejected("read_varints", b"\xff" * 9 + b"\x01", 0, 1)  # ten bytes
+    _rejected("read_varints", b"\x80" * 10 + b"\x00", 0, 1)
+    _rejected("read_varints", b"\x01", -1, 1)
+    _rejected("read_varints", b"\x01", 0, -1)
+    _rejected("read_varints", b"", 0, 1)
+    assert _ok("read_varints", b"\xff" * 8 + b"\x7f", 0, 1)[0].tolist() == [I64_MAX]
+    assert _ok("read_varints", b"\x80\x00", 0, 1)[0].tolist() == [0]  # not canonical, allowed
+    values, end = _ok("read_varints", b"", 0, 0)
+    assert values.tolist() == [] and end == 0
+    values, end = _ok("read_varints", b"\x05", 1, 0)
+    assert values.tolist() == [] and end == 1
+
+
+# --- murmur3_32 --------------------------------------------------------------------------------
+
+
+@given(st.binary(max_size=64), st.integers(0, U32_MAX))
+def test_murmur3_matches_mmh3(data: bytes, seed: int) -> None:
+    got = _ok("murmur3_32", data, seed)
+    assert got == mmh3.hash(data, seed, signed=False)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 0x44495853, U32_MAX])
+def test_murmur3_every_length(seed: int) -> None:
+    blob = bytes(range(7, 256)) * 2
+    for length in range(0, 65):
+        for data in (blob[:length], blob[-length:] if length else b"", b"\xff" * length):
+            assert _ok("murmur3_32", data, seed) == mmh3.hash(data, seed, signed=False)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_murmur3_seed_out_of_range(seed: int) -> None:
+    # Not reachable through the codec (seeds are entry indexes); the twins differ in the type:
+    # native raises OverflowError (Cython's uint32_t conversion), pure ValueError (mmh3).
+    for fn in (_native_module().murmur3_32, pure.murmur3_32):
+        with pytest.raises((ValueError, OverflowError)):
+            fn(b"x", seed)
+
+
+# --- decode_segments ---------------------------------------------------------------------------
+
+
+def _kernel_args(metadata: SnapshotMetadata, entries: list[bytes], k: int, j: int) -> list[Any]:
+    """The arguments ``codec.decode_segment_buffer`` passes for entries ``k..j-1``."""
+    a, b = k - 1, j - 1
+    return [
+        b"".join(entries[k:j]),
+        np.array([len(e) for e in entries[k:j]], dtype=np.int64),
+        k,
+        metadata.mins[a:b],
+        metadata.maxs[a:b] - metadata.mins[a:b],
+        metadata.counts[a:b],
+        metadata.ledger_offsets[a : b + 1],
+        metadata.ledgers,
+        metadata.bitmaps,
+    ]
+
+
+def _expected(segments: list[Segment]) -> tuple[npt.NDArray[np.int64], ...]:
+    empty = np.empty(0, dtype=np.int64)
+    return (
+        np.concatenate([s.times for s in segments]) if segments else empty,
+        np.concatenate([s.ledgers for s in segments]) if segments else empty,
+        np.concatenate([s.entries for s in segments]) if segments else empty,
+        np.cumsum([0, *(len(s) for s in segments)], dtype=np.int64),
+    )
+
+
+@st.composite
+def _snapshots(draw: st.DrawFn) -> tuple[SnapshotMetadata, list[Segment], list[bytes]]:
+    positions = draw(
+        st.lists(
+            st.tuples(st.integers(0, 5), st.integers(0, 2**32 - 1) | st.integers(0, 40)),
+            min_size=1,
+            max_size=50,
+            unique=True,
+        )
+    )
+    wide = draw(st.booleans())
+    low, high = (-(2**62) + 1, 2**62 - 1) if wide else (-50, 400)  # spans stay below 2**63
+    times = draw(st.lists(st.integers(low, high), min_size=len(positions), max_size=len(positions)))
+    step = draw(st.integers(1, 200) | st.integers(1, 2**62))
+    limit = draw(st.just(-1) | st.integers(1, 12))
+    metadata, segments = build_snapshot(
+        times,
+        [lg for lg, _ in positions],
+        [e for _, e in positions],
+        max_time_step_ms=step,
+        max_indexes_per_segment=limit,
+    )
+    _, entries = codec.split_object(codec.encode_snapshot(metadata, segments), "k")
+    return metadata, segments, entries
+
+
+@given(_snapshots(), st.data())
+def test_decode_segments_valid(
+    snap: tuple[SnapshotMetadata, list[Segment], list[bytes]], data: st.DataObject
+) -> None:
+    metadata, segments, entries = snap
+    n = metadata.num_segments
+    first = data.draw(st.integers(1, n + 1))
+    for k, j in [(1, n + 1), (first, data.draw(st.integers(first, n + 1)))]:
+        got = _ok("decode_segments", *_kernel_args(metadata, entries, k, j))
+        _assert_equal(got, _expected(segments[k - 1 : j - 1]), "decode_segments")
+
+
+@given(_snapshots(), st.data())
+def test_decode_segments_flipped_checksum(
+    snap: tuple[SnapshotMetadata, list[Segment], list[bytes]], data: st.DataObject
+) -> None:
+    metadata, _, entries = snap
+    n = metadata.num_segments
+    victim = data.draw(st.integers(1, n))
+    args = _kernel_args(metadata, entries, 1, n + 1)
+    end = sum(len(e) for e in entries[1 : victim + 1])
+    buffer = bytearray(args[0])
+    buffer[end - 1 - data.draw(st.integers(0, 3))] ^= 1 << data.draw(st.integers(0, 7))
+    args[0] = bytes(buffer)
+    _rejected("decode_segments", *args)
+    # Any other flipped bit in the buffer is caught by a checksum as well.
+    buffer = bytearray(_kernel_args(metadata, entries, 1, n + 1)[0])
+    buffer[data.draw(st.integers(0, len(buffer) - 1))] ^= 1 << data.draw(st.integers(0, 7))
+    args[0] = bytes(buffer)
+    _rejected("decode_segments", *args)
+    # The checksum seed is the entry index: shifting first_index breaks every entry.
+    args = _kernel_args(metadata, entries, 1, n + 1)
+    args[2] = data.draw(st.sampled_from([0, 2, n + 1, 2**31]))
+    _rejected("decode_segments", *args)
+
+
+def _bump(index: int, delta: int) -> Callable[[npt.NDArray[np.int64]], npt.NDArray[np.int64]]:
+    def change(column: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        out = np.array(column, dtype=np.int64)
+        if len(out):
+            out[index % len(out)] += delta
+        return out
+
+    return change
+
+
+_ARG_MUTATIONS: dict[str, tuple[int, Callable[[Any], Any]]] = {
+    "counts+1": (5, _bump(0, 1)),
+    "counts-1": (5, _bump(-1, -1)),
+    "counts 0": (5, lambda c: np.zeros_like(c)),
+    "spans+1": (4, _bump(0, 1)),
+    "spans doubled": (4, lambda c: np.array(c, dtype=np.int64) * 2 + 1),
+    "spans -1": (4, lambda c: np.full_like(c, -1)),
+    "mins shifted": (3, lambda c: np.array(c, dtype=np.int64) - 1),
+    "offsets+1": (6, _bump(1, 1)),
+    "offsets-1": (6, _bump(-1, -1)),
+    "offsets short": (6, lambda c: c[:-1]),
+    "ledgers reversed": (7, lambda c: np.array(c[::-1], dtype=np.int64)),
+    "ledgers negative": (7, lambda c: np.array(c, dtype=np.int64) - 10**6),
+    "bitmaps garbage": (8, lambda b: (b"\x3a\x30\x00\x00", *b[1:])),
+    "bitmaps empty": (8, lambda b: (bytes(BitMap().serialize()), *b[1:])),
+    "bitmaps short": (8, lambda b: b[:-1]),
+    "lengths+1": (1, _bump(0, 1)),
+    "lengths tiny": (1, lambda c: np.minimum(c, 4)),
+    "buffer longer": (0, lambda b: b + b"\x00"),
+    "buffer shorter": (0, lambda b: b[:-1]),
+}
+
+
+@given(_snapshots(), st.sampled_from(sorted(_ARG_MUTATIONS)))
+def test_decode_segments_bad_arguments_agree(
+    snap: tuple[SnapshotMetadata, list[Segment], list[bytes]], mutation: str
+) -> None:
+    metadata, _, entries = snap
+    args = _kernel_args(metadata, entries, 1, metadata.num_segments + 1)
+    position, change = _ARG_MUTATIONS[mutation]
+    args[position] = change(args[position])
+    outcome, _ = _same("decode_segments", *args)
+    if mutation in ("counts 0", "spans -1", "lengths tiny", "buffer longer", "buffer shorter"):
+        assert outcome == "ValueError"
+
+
+def test_decode_segments_empty_batch() -> None:
+    metadata, segments = build_snapshot(
+        [1, 2], [1, 1], [0, 1], max_time_step_ms=1, max_indexes_per_segment=-1
+    )
+    _, entries = codec.split_object(codec.encode_snapshot(metadata, segments), "k")
+    for k in (1, 2, 3):
+        got = _ok("decode_segments", *_kernel_args(metadata, entries, k, k))
+        _assert_equal(got, _expected([]), "empty batch")
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.lists(st.integers(0, 50), min_size=1, max_size=8)),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_roaring_check_positions(groups: list[tuple[int, list[int]]]) -> None:
+    ledgers = np.array([ledger for ledger, _ in groups], dtype=np.int64)
+    bitmaps = [_serialize(values, False) for _, values in groups]
+    seen: set[tuple[int, int]] = set()
+    duplicate = False
+    for ledger, values in groups:
+        for value in set(values):
+            duplicate |= (ledger, value) in seen
+            seen.add((ledger, value))
+    if duplicate:
+        _rejected("roaring_check_positions", ledgers, bitmaps)
+    else:
+        cards = _ok("roaring_check_positions", ledgers, bitmaps)
+        assert cards.tolist() == [len(set(values)) for _, values in groups]
