@@ -14,6 +14,7 @@ from delayindex.errors import (
     TrackerClosedError,
 )
 from delayindex.model import Position
+from delayindex.storage import FileStorage, MemoryStorage
 from delayindex.timers import AsyncioTimer, ManualTimer, ThreadingTimer, Timer, TimerHandle
 from delayindex.tracker import InMemoryTracker
 
@@ -23,9 +24,11 @@ __all__ = [
     "NATIVE",
     "AsyncioTimer",
     "DelayIndexError",
+    "FileStorage",
     "InMemoryTracker",
     "ManualClock",
     "ManualTimer",
+    "MemoryStorage",
     "Position",
     "RecoveryError",
     "SnapshotCorruptError",

@@ -21,3 +21,24 @@ class StorageError(DelayIndexError):
 
 class RecoveryError(DelayIndexError):
     """``DelayIndex.open`` could not recover the index; nothing was deleted."""
+
+
+class SnapshotNotFoundError(DelayIndexError):
+    """The snapshot object does not exist; the message names it. Never retried.
+
+    Deliberately *not* a :class:`StorageError`: a missing object is a definite answer, not an I/O
+    failure, so a handler that retries or downgrades on ``StorageError`` must not swallow it
+    (Pulsar keeps ``BucketNotExistException`` apart from its retryable persistence error too).
+    """
+
+
+class SnapshotExistsError(StorageError):
+    """A snapshot was created under an id that is already taken (objects are never overwritten)."""
+
+
+class ManifestConflictError(DelayIndexError):
+    """A manifest commit lost its compare-and-swap: the stored version is not the expected one."""
+
+
+class StoreLockedError(DelayIndexError):
+    """Another writer holds the lock of this name; the message names the name and the lock."""

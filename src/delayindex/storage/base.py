@@ -1,0 +1,560 @@
+"""The snapshot storage contract and the machinery both backends share.
+
+:class:`SnapshotStorage` is the protocol a tracker writes its sealed buckets through (Pulsar's
+``BucketSnapshotStorage``, §2.4 of the notes, plus a per-name manifest and a writer lock).
+:class:`BaseStorage` implements it once on top of a handful of raw primitives that a backend
+provides (``_raw_put``, ``_raw_source``, ``_raw_delete``, ...), so that validation, retries,
+statistics, the object read path and manifest compare-and-swap behave identically in
+:class:`~delayindex.storage.memory.MemoryStorage` and :class:`~delayindex.storage.file.FileStorage`.
+
+How a snapshot is read (the layout is ``delayindex.snapshot.codec``'s): the fixed header prefix,
+then the rest of the header (entry lengths, checksummed), then only the entries asked for. The
+object's size must equal the size the header announces, so truncation or trailing garbage is
+caught before any entry is trusted. Decoding a segment needs the metadata (entry 0), so decoded
+metadata is kept in a small LRU keyed by snapshot id and validated by a *fingerprint* of the
+stored object (a generation counter in memory; inode, size and mtime on disk).
+
+Retries (Pulsar's ``executeWithRetry``): every raw I/O call runs up to :data:`MAX_ATTEMPTS` times
+in all, immediately, while it raises ``OSError`` (transient I/O). Nothing else is retried:
+``SnapshotNotFoundError``, ``SnapshotCorruptError``, ``ManifestConflictError``,
+``StoreLockedError`` and ``SnapshotExistsError`` are answers, not accidents, and any other
+exception is a bug that must surface unchanged. After the last failed attempt the call raises
+:class:`~delayindex.errors.StorageError` naming the operation and the id, chained to the last
+error. A retry must not turn a success whose acknowledgement was lost into a failure, so from the
+second attempt on ``create`` accepts an existing object with identical bytes and
+``commit_manifest`` accepts a stored manifest equal to the one it is committing.
+
+Invariants: objects are immutable once created (never overwritten; a new version is a new id);
+a reader never sees a partial object or manifest; ids and names match
+:data:`~delayindex.storage.manifest.KEY_PATTERN`, so they are safe file names.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from types import TracebackType
+from typing import NamedTuple, Protocol, Self, TypeVar, runtime_checkable
+
+from delayindex.errors import (
+    ManifestConflictError,
+    SnapshotCorruptError,
+    StorageError,
+)
+from delayindex.snapshot.codec import (
+    FIXED_HEADER_BYTES,
+    ObjectHeader,
+    decode_metadata,
+    decode_segments,
+    encode_snapshot,
+    header_bytes_needed,
+    read_header,
+)
+from delayindex.snapshot.format import Segment, SnapshotMetadata
+from delayindex.storage.manifest import Manifest, decode_manifest, encode_manifest, validate_key
+
+#: Attempts per I/O operation, first try included (Pulsar: 1 + 3 retries, no backoff).
+MAX_ATTEMPTS = 4
+#: Operation names, as keys of :meth:`SnapshotStorage.stats`.
+OPS: tuple[str, ...] = (
+    "create",
+    "get_metadata",
+    "get_segments",
+    "length",
+    "delete",
+    "list_objects",
+    "read_manifest",
+    "commit_manifest",
+    "lock",
+)
+#: Counters kept per operation: calls made, attempts run, attempts that raised, and calls that
+#: raised ``StorageError`` because every attempt failed.
+STAT_FIELDS: tuple[str, ...] = ("calls", "attempts", "failures", "gave_up")
+
+T = TypeVar("T")
+
+
+class ObjectInfo(NamedTuple):
+    """One stored snapshot object, as :meth:`SnapshotStorage.list_objects` reports it."""
+
+    id: str
+    size: int
+    mtime_ms: int
+
+
+class LockHandle:
+    """A held writer lock on one name. Release it, or use it as a context manager.
+
+    Releasing twice is harmless. The lock is also released when its storage is closed.
+    """
+
+    def __init__(self, name: str, where: str, release: Callable[[], None]) -> None:
+        self.name = name
+        self.where = where
+        self._release: Callable[[], None] | None = release
+        self._mutex = threading.Lock()
+
+    @property
+    def held(self) -> bool:
+        """Whether this handle still holds the lock."""
+        return self._release is not None
+
+    def release(self) -> None:
+        """Release the lock (idempotent)."""
+        with self._mutex:
+            release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"LockHandle({self.name!r}, {self.where!r}, held={self.held})"
+
+
+@runtime_checkable
+class SnapshotStorage(Protocol):
+    """Where sealed buckets live: immutable snapshot objects plus one manifest per name.
+
+    Objects are addressed by opaque string ids; every backend here uses the caller's key as the
+    id, so an id recorded in a create intent *before* the write finds the object after a crash.
+    Missing objects raise :class:`~delayindex.errors.SnapshotNotFoundError` (never retried);
+    damaged ones raise :class:`~delayindex.errors.SnapshotCorruptError` naming the object; I/O
+    failures are retried (:data:`MAX_ATTEMPTS` attempts in all) and then raise
+    :class:`~delayindex.errors.StorageError`. Bad arguments raise ``ValueError``/``TypeError``
+    before any I/O. Implementations are thread-safe.
+    """
+
+    def create(self, metadata: SnapshotMetadata, segments: Sequence[Segment], key: str) -> str:
+        """Store a snapshot under ``key`` and return its id (``key`` itself).
+
+        The object is complete and durable when this returns, and invisible before.
+
+        Raises:
+            ValueError: ``key`` does not match ``KEY_PATTERN``, or the segments do not match
+                the metadata.
+            SnapshotExistsError: an object with this id exists (it is never overwritten).
+            StorageError: the write failed :data:`MAX_ATTEMPTS` times.
+        """
+        ...
+
+    def get_metadata(self, snapshot_id: str) -> SnapshotMetadata:
+        """The snapshot's metadata (entry 0).
+
+        Raises:
+            SnapshotNotFoundError, SnapshotCorruptError, StorageError.
+        """
+        ...
+
+    def get_segments(self, snapshot_id: str, first: int, last: int) -> list[Segment]:
+        """Segments ``first..last`` (1-based, inclusive) of a snapshot.
+
+        ``last`` is clamped to the number of segments (as Pulsar does); ``first`` past the end
+        returns ``[]``. Only the header and the requested entries are read.
+
+        Raises:
+            ValueError: ``first < 1`` or ``last < first``.
+            SnapshotNotFoundError, SnapshotCorruptError, StorageError.
+        """
+        ...
+
+    def length(self, snapshot_id: str) -> int:
+        """The stored size of the snapshot in bytes.
+
+        Raises:
+            SnapshotNotFoundError, StorageError.
+        """
+        ...
+
+    def delete(self, snapshot_id: str) -> None:
+        """Delete the snapshot. Deleting a missing id succeeds (deletes are idempotent).
+
+        Raises:
+            StorageError: the delete failed :data:`MAX_ATTEMPTS` times.
+        """
+        ...
+
+    def list_objects(self) -> list[ObjectInfo]:
+        """Every stored snapshot object of every name, sorted by id."""
+        ...
+
+    def read_manifest(self, name: str) -> Manifest:
+        """The manifest of ``name``; an empty one at version 0 if none was ever committed.
+
+        Raises:
+            ValueError: bad name. SnapshotCorruptError: the stored manifest is damaged.
+            StorageError.
+        """
+        ...
+
+    def commit_manifest(self, name: str, manifest: Manifest) -> Manifest:
+        """Compare-and-swap: store ``manifest`` if the stored version equals ``manifest.version``.
+
+        The stored (and returned) manifest has ``version + 1``. The replacement is atomic: a
+        reader sees the old manifest or the new one, never a mixture.
+
+        Raises:
+            ValueError: bad name, or ``manifest.name != name``.
+            ManifestConflictError: the stored version differs (someone else committed).
+            SnapshotCorruptError: the stored manifest is damaged (it is not overwritten).
+            StorageError.
+        """
+        ...
+
+    def lock(self, name: str) -> LockHandle:
+        """Take the exclusive, non-blocking writer lock of ``name``.
+
+        Returns a :class:`LockHandle` (a context manager). Other names are independent.
+
+        Raises:
+            StoreLockedError: another writer holds it; the message names the name and the lock.
+        """
+        ...
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Per-operation counters: ``{op: {"calls", "attempts", "failures", "gave_up"}}``."""
+        ...
+
+    def close(self) -> None:
+        """Release every lock this instance holds and its resources. Idempotent."""
+        ...
+
+
+@dataclass(frozen=True)
+class ObjectSource:
+    """Random access to one stored object during one read attempt (raw-primitive result)."""
+
+    key: str
+    where: str
+    size: int
+    fingerprint: Hashable
+    read: Callable[[int, int], bytes]  # (offset, length) -> bytes; short only at end of object
+
+
+def run_with_retries(
+    op: str, target: str, attempt: Callable[[int], T], counters: dict[str, int] | None = None
+) -> T:
+    """Run ``attempt(n)`` for n = 1..MAX_ATTEMPTS while it raises ``OSError``.
+
+    Any other exception propagates at once. ``counters`` (if given) is updated in place with
+    the keys of :data:`STAT_FIELDS`. After the last failure raises ``StorageError`` naming
+    ``op`` and ``target``, chained to the last ``OSError``.
+    """
+    stats = counters if counters is not None else dict.fromkeys(STAT_FIELDS, 0)
+    stats["calls"] += 1
+    last: OSError | None = None
+    for n in range(1, MAX_ATTEMPTS + 1):
+        stats["attempts"] += 1
+        try:
+            return attempt(n)
+        except OSError as exc:
+            stats["failures"] += 1
+            last = exc
+        except BaseException:
+            stats["failures"] += 1
+            raise
+    stats["gave_up"] += 1
+    raise StorageError(
+        f"{op} of {target!r} failed after {MAX_ATTEMPTS} attempts: {last!r}"
+    ) from last
+
+
+def _check_int(value: object, what: str) -> int:
+    if type(value) is not int:
+        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
+    return value
+
+
+class BaseStorage(ABC):
+    """The backend-independent half of :class:`SnapshotStorage` (see the module docstring).
+
+    Subclasses implement the ``_raw_*`` primitives; each is one attempt of an operation and
+    signals transient failure by raising ``OSError``. ``_fault_point`` is a test seam that
+    :class:`~delayindex.storage.memory.MemoryStorage` uses for fault injection.
+    """
+
+    def __init__(self, *, metadata_cache_size: int = 128) -> None:
+        if metadata_cache_size < 0:
+            raise ValueError("metadata_cache_size must be >= 0")
+        self._stats: dict[str, dict[str, int]] = {op: dict.fromkeys(STAT_FIELDS, 0) for op in OPS}
+        self._state_lock = threading.Lock()  # guards stats, cache, held locks, closed
+        self._cache: OrderedDict[str, tuple[Hashable, SnapshotMetadata]] = OrderedDict()
+        self._cache_size = metadata_cache_size
+        self._held: set[LockHandle] = set()
+        self._closed = False
+
+    # -- raw primitives (one attempt each; OSError = transient) ----------------------------------
+
+    @abstractmethod
+    def _raw_put(self, key: str, data: bytes, *, may_exist: bool) -> None:
+        """Store ``data`` as object ``key`` atomically; never overwrite.
+
+        If ``key`` exists: return quietly when ``may_exist`` and its bytes equal ``data`` (an
+        earlier attempt of this call wrote it), else raise ``SnapshotExistsError``.
+        """
+
+    @abstractmethod
+    def _raw_source(self, key: str) -> AbstractContextManager[ObjectSource]:
+        """Open object ``key`` for reading (``SnapshotNotFoundError`` if missing)."""
+
+    @abstractmethod
+    def _raw_size(self, key: str) -> int:
+        """Size of object ``key`` in bytes (``SnapshotNotFoundError`` if missing)."""
+
+    @abstractmethod
+    def _raw_delete(self, key: str) -> None:
+        """Remove object ``key``; a missing object is success."""
+
+    @abstractmethod
+    def _raw_list(self) -> list[ObjectInfo]:
+        """Every stored object."""
+
+    @abstractmethod
+    def _raw_read_manifest(self, name: str) -> tuple[bytes | None, str]:
+        """The stored manifest bytes of ``name`` (None if absent) and where they live."""
+
+    @abstractmethod
+    def _raw_manifest_guard(self, name: str) -> AbstractContextManager[object]:
+        """Mutual exclusion for one compare-and-swap of ``name``'s manifest (all writers)."""
+
+    @abstractmethod
+    def _raw_write_manifest(self, name: str, data: bytes) -> None:
+        """Atomically replace ``name``'s manifest with ``data``."""
+
+    @abstractmethod
+    def _raw_lock(self, name: str) -> tuple[str, Callable[[], None]]:
+        """Take ``name``'s writer lock or raise ``StoreLockedError``; return (where, release)."""
+
+    def _raw_close(self) -> None:  # noqa: B027 - optional hook
+        """Free backend resources (locks are already released)."""
+
+    def _fault_point(self, op: str, phase: str) -> None:  # noqa: B027 - optional hook
+        """Called before (``"before"``) and after (``"after"``) the effect of every attempt."""
+
+    # -- shared machinery -------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self!r} is closed")
+
+    def _retry(self, op: str, target: str, attempt: Callable[[int], T]) -> T:
+        self._check_open()
+
+        def one(n: int) -> T:
+            self._fault_point(op, "before")
+            result = attempt(n)
+            self._fault_point(op, "after")
+            return result
+
+        counters = dict.fromkeys(STAT_FIELDS, 0)
+        try:
+            return run_with_retries(op, target, one, counters)
+        finally:
+            with self._state_lock:
+                for key, value in counters.items():
+                    self._stats[op][key] += value
+
+    @staticmethod
+    def _read_header(src: ObjectSource) -> ObjectHeader:
+        prefix = src.read(0, FIXED_HEADER_BYTES)
+        needed = header_bytes_needed(prefix, src.where)
+        data = prefix + src.read(len(prefix), needed - len(prefix))
+        header = read_header(data, src.where)
+        if src.size != header.total_bytes:
+            raise SnapshotCorruptError(
+                f"{src.where}: object is {src.size} bytes, its header says {header.total_bytes}"
+            )
+        return header
+
+    @staticmethod
+    def _read_entries(
+        src: ObjectSource, header: ObjectHeader, first: int, last: int
+    ) -> list[bytes]:
+        """Framed entries ``first..last`` (entry indexes, inclusive), read in one call."""
+        lengths = header.entry_lengths[first : last + 1]
+        blob = src.read(header.entry_offset(first), sum(lengths))
+        if len(blob) != sum(lengths):
+            raise SnapshotCorruptError(f"{src.where}: short read of entries {first}..{last}")
+        entries, pos = [], 0
+        for length in lengths:
+            entries.append(blob[pos : pos + length])
+            pos += length
+        return entries
+
+    def _metadata(self, src: ObjectSource, header: ObjectHeader) -> SnapshotMetadata:
+        with self._state_lock:
+            cached = self._cache.get(src.key)
+            if cached is not None and cached[0] == src.fingerprint:
+                self._cache.move_to_end(src.key)
+                return cached[1]
+        metadata = decode_metadata(self._read_entries(src, header, 0, 0)[0], src.where)
+        if metadata.num_segments != header.num_segments:
+            raise SnapshotCorruptError(
+                f"{src.where}: {header.num_segments} segment entries, "
+                f"metadata lists {metadata.num_segments}"
+            )
+        if self._cache_size:
+            with self._state_lock:
+                self._cache[src.key] = (src.fingerprint, metadata)
+                self._cache.move_to_end(src.key)
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+        return metadata
+
+    def _forget(self, key: str) -> None:
+        with self._state_lock:
+            self._cache.pop(key, None)
+
+    # -- SnapshotStorage ----------------------------------------------------------------------
+
+    def create(self, metadata: SnapshotMetadata, segments: Sequence[Segment], key: str) -> str:
+        """See :meth:`SnapshotStorage.create`."""
+        validate_key(key, "snapshot key")
+        self._check_open()
+        data = encode_snapshot(metadata, segments)
+        self._retry("create", key, lambda n: self._raw_put(key, data, may_exist=n > 1))
+        return key
+
+    def get_metadata(self, snapshot_id: str) -> SnapshotMetadata:
+        """See :meth:`SnapshotStorage.get_metadata`."""
+        validate_key(snapshot_id, "snapshot id")
+
+        def attempt(_: int) -> SnapshotMetadata:
+            with self._raw_source(snapshot_id) as src:
+                return self._metadata(src, self._read_header(src))
+
+        return self._retry("get_metadata", snapshot_id, attempt)
+
+    def get_segments(self, snapshot_id: str, first: int, last: int) -> list[Segment]:
+        """See :meth:`SnapshotStorage.get_segments`."""
+        validate_key(snapshot_id, "snapshot id")
+        _check_int(first, "first")
+        _check_int(last, "last")
+        if first < 1 or last < first:
+            raise ValueError(f"bad segment range {first}..{last} (1-based, inclusive)")
+
+        def attempt(_: int) -> list[Segment]:
+            with self._raw_source(snapshot_id) as src:
+                header = self._read_header(src)
+                stop = min(last, header.num_segments)
+                if first > stop:
+                    return []
+                metadata = self._metadata(src, header)
+                entries = self._read_entries(src, header, first, stop)
+            # The codec returns a lazy SegmentList; the protocol promises a plain list.
+            return list(decode_segments(entries, metadata, first, src.where))
+
+        return self._retry("get_segments", snapshot_id, attempt)
+
+    def length(self, snapshot_id: str) -> int:
+        """See :meth:`SnapshotStorage.length`."""
+        validate_key(snapshot_id, "snapshot id")
+        return self._retry("length", snapshot_id, lambda _: self._raw_size(snapshot_id))
+
+    def delete(self, snapshot_id: str) -> None:
+        """See :meth:`SnapshotStorage.delete`."""
+        validate_key(snapshot_id, "snapshot id")
+        try:
+            self._retry("delete", snapshot_id, lambda _: self._raw_delete(snapshot_id))
+        finally:
+            self._forget(snapshot_id)
+
+    def list_objects(self) -> list[ObjectInfo]:
+        """See :meth:`SnapshotStorage.list_objects`."""
+        return sorted(self._retry("list_objects", "*", lambda _: self._raw_list()))
+
+    def _decode_stored_manifest(self, name: str) -> Manifest:
+        data, where = self._raw_read_manifest(name)
+        if data is None:
+            return Manifest(name)
+        manifest = decode_manifest(data, where)
+        if manifest.name != name:
+            raise SnapshotCorruptError(f"{where}: holds the manifest of {manifest.name!r}")
+        return manifest
+
+    def read_manifest(self, name: str) -> Manifest:
+        """See :meth:`SnapshotStorage.read_manifest`."""
+        validate_key(name, "manifest name")
+        return self._retry("read_manifest", name, lambda _: self._decode_stored_manifest(name))
+
+    def commit_manifest(self, name: str, manifest: Manifest) -> Manifest:
+        """See :meth:`SnapshotStorage.commit_manifest`."""
+        validate_key(name, "manifest name")
+        if not isinstance(manifest, Manifest):
+            raise TypeError(f"manifest must be a Manifest, got {type(manifest).__name__}")
+        if manifest.name != name:
+            raise ValueError(f"manifest of {manifest.name!r} committed under {name!r}")
+        desired = replace(manifest, version=manifest.version + 1)
+        data = encode_manifest(desired)
+
+        def attempt(n: int) -> Manifest:
+            with self._raw_manifest_guard(name):
+                current = self._decode_stored_manifest(name)
+                if current.version != manifest.version:
+                    if n > 1 and current == desired:
+                        return desired  # an earlier attempt committed; its reply was lost
+                    raise ManifestConflictError(
+                        f"manifest {name!r} is at version {current.version}; the commit "
+                        f"expected version {manifest.version}"
+                    )
+                self._raw_write_manifest(name, data)
+            return desired
+
+        return self._retry("commit_manifest", name, attempt)
+
+    def lock(self, name: str) -> LockHandle:
+        """See :meth:`SnapshotStorage.lock`."""
+        validate_key(name, "lock name")
+        where, raw_release = self._retry("lock", name, lambda _: self._raw_lock(name))
+        handle: LockHandle
+
+        def release() -> None:
+            with self._state_lock:
+                self._held.discard(handle)
+            raw_release()
+
+        handle = LockHandle(name, where, release)
+        with self._state_lock:
+            self._held.add(handle)
+        return handle
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """See :meth:`SnapshotStorage.stats`."""
+        with self._state_lock:
+            return {op: dict(counters) for op, counters in self._stats.items()}
+
+    def close(self) -> None:
+        """See :meth:`SnapshotStorage.close`."""
+        with self._state_lock:
+            if self._closed:
+                return
+            self._closed = True
+            held = list(self._held)
+            self._cache.clear()
+        for handle in held:
+            handle.release()
+        self._raw_close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,511 @@
+"""Two-phase creation and deletion of bucket snapshots for one name, and repair after a crash.
+
+A :class:`Catalog` owns one name in a :class:`~delayindex.storage.base.SnapshotStorage`: it holds
+the name's writer lock for its whole life and is the only writer of the name's manifest. Every
+change of storage is bracketed by manifest commits, so that whatever instant a crash strikes,
+every object the protocol wrote is referenced by the manifest (no orphan, Pulsar #17677) and no
+live bucket loses its object (no data loss, Pulsar #26401). Each numbered step is one storage
+call; the crash hook runs between steps under the names in brackets.
+
+``create_bucket(metadata, segments, replaces=sources)``::
+
+    [create.begin]
+    1. commit: + Intent(create, key, replaces=sources)        sources stay live
+    [create.intent_committed]
+    2. storage.create(key), storage.length(key)
+    [create.object_written]
+    3. commit: - create intent, + live BucketRecord(key),     one atomic commit: the merge
+               each source: live -> Intent(delete)            becomes visible all at once
+    [create.bucket_live]
+    4. per source: delete steps 2-3 below                     failures are reported, not raised
+
+If step 2 or 3 fails, the create is rolled back, then the error is raised: commit the create
+intent turned into a delete intent ``[create.rolled_back]``, then delete steps 2-3. (Dropping the
+intent *before* deleting the object would orphan a partly written object if the process died in
+between; turning it into a delete intent keeps it referenced until it is gone.)
+
+``delete_bucket(id)``::
+
+    [delete.begin]
+    1. commit: live BucketRecord -> Intent(delete)
+    [delete.intent_committed]
+    2. storage.delete(id)                                     missing object = success
+    [delete.object_deleted]
+    3. commit: - delete intent
+    [delete.intent_dropped]
+
+A failed step 2 keeps the intent with ``attempts + 1``, ``last_error`` and a backoff
+``next_attempt_ms`` (``delete_retry_delay_ms * 2**(attempts-1)``, at most 64x);
+:meth:`Catalog.retry_pending_deletes` retries it, and after ``max_delete_attempts`` failures it
+moves to the manifest's dead letters: kept and shown, never forgotten.
+
+Repair (:meth:`Catalog.open`, after taking the lock and reading the manifest):
+
+==============================================  ============================================
+found in the manifest                           action
+==============================================  ============================================
+create intent (object may or may not exist)     roll back: commit it as a delete intent
+                                                ``[repair.creates_converted]``, then delete
+                                                the object (missing is fine) and drop the
+                                                intent. The sources of a merge are still
+                                                live, so nothing is lost.
+delete intent                                   roll forward: delete the object (missing is
+                                                fine), drop the intent. On failure: keep it,
+                                                attempts + 1 (dead letter at the limit).
+live bucket whose object is missing             keep the record, list it in
+                                                ``RepairReport.missing_objects`` (recovery
+                                                decides; never dropped silently).
+dead letter                                     keep.
+==============================================  ============================================
+
+Every repair step is idempotent, so a crash during repair is repaired by the next open.
+Objects that no manifest references (planted by hand, or by another program) are left alone:
+object ids carry no unambiguous owner, so a catalog never deletes what it did not record.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from types import TracebackType
+from typing import Self
+
+from delayindex.clock import wall_clock_ms
+from delayindex.errors import (
+    ManifestConflictError,
+    SnapshotCorruptError,
+    SnapshotNotFoundError,
+    StorageError,
+)
+from delayindex.snapshot.format import Segment, SnapshotMetadata
+from delayindex.storage.base import LockHandle, SnapshotStorage
+from delayindex.storage.manifest import BucketRecord, Intent, Manifest, validate_key
+
+_log = logging.getLogger(__name__)
+
+CrashHook = Callable[[str], None]
+#: Largest backoff multiplier of a failing delete.
+MAX_BACKOFF_FACTOR = 64
+_KEY_RANDOM_HEX = 12
+_MAX_KEY = 200
+
+
+@dataclass(frozen=True)
+class RepairReport:
+    """What :meth:`Catalog.open` found and did.
+
+    ``rolled_back``: create intents rolled back. ``completed_deletes``: delete intents (including
+    rolled-back creates) finished. ``pending_deletes``: deletes that failed and stay pending (or
+    were dead-lettered). ``missing_objects``: live buckets whose object does not exist.
+    """
+
+    rolled_back: tuple[str, ...] = ()
+    completed_deletes: tuple[str, ...] = ()
+    pending_deletes: tuple[str, ...] = ()
+    missing_objects: tuple[str, ...] = ()
+
+    @property
+    def clean(self) -> bool:
+        """Nothing was found to repair or report."""
+        return not (
+            self.rolled_back
+            or self.completed_deletes
+            or self.pending_deletes
+            or self.missing_objects
+        )
+
+
+@dataclass(frozen=True)
+class RetryReport:
+    """Outcome of :meth:`Catalog.retry_pending_deletes`, by snapshot id."""
+
+    completed: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+    dead_lettered: tuple[str, ...] = ()
+
+
+class Catalog:
+    """The two-phase protocol over a :class:`SnapshotStorage` for one name (see module docs).
+
+    Build it with :meth:`open`. Thread-safe (one mutex); close it (or use ``with``) to release
+    the name's lock.
+    """
+
+    def __init__(
+        self,
+        storage: SnapshotStorage,
+        name: str,
+        lock: LockHandle,
+        manifest: Manifest,
+        *,
+        clock: Callable[[], int],
+        crash_hook: CrashHook | None,
+        max_delete_attempts: int,
+        delete_retry_delay_ms: int,
+    ) -> None:
+        """Internal: use :meth:`open`, which takes the lock and repairs."""
+        self._storage = storage
+        self.name = name
+        self._lock = lock
+        self._manifest = manifest
+        self._clock = clock
+        self._crash_hook = crash_hook
+        self._max_delete_attempts = max_delete_attempts
+        self._retry_delay_ms = delete_retry_delay_ms
+        self._mutex = threading.RLock()
+        self._closed = False
+        self._problems: deque[str] = deque(maxlen=100)
+        self.repair_report = RepairReport()
+
+    @classmethod
+    def open(
+        cls,
+        storage: SnapshotStorage,
+        name: str,
+        *,
+        clock: Callable[[], int] | None = None,
+        crash_hook: CrashHook | None = None,
+        max_delete_attempts: int = 10,
+        delete_retry_delay_ms: int = 60_000,
+    ) -> Catalog:
+        """Lock ``name``, read its manifest, repair it (table in the module docs) and return.
+
+        Args:
+            storage: any SnapshotStorage.
+            name: the manifest/lock name (``KEY_PATTERN``).
+            clock: epoch-ms clock for delete backoff (default: the wall clock).
+            crash_hook: called with a step name between protocol steps (tests raise from it).
+            max_delete_attempts: failed deletes before an intent moves to the dead letters.
+            delete_retry_delay_ms: first retry delay of a failed delete (doubles per failure).
+
+        Raises:
+            StoreLockedError: another writer holds ``name``.
+            SnapshotCorruptError: the manifest is damaged (nothing is changed).
+            StorageError, ManifestConflictError: the manifest could not be read or repaired
+                (the lock is released; whatever was done is safe to redo).
+        """
+        validate_key(name, "catalog name")
+        if max_delete_attempts < 1:
+            raise ValueError(f"max_delete_attempts must be >= 1, got {max_delete_attempts}")
+        if delete_retry_delay_ms < 0:
+            raise ValueError(f"delete_retry_delay_ms must be >= 0, got {delete_retry_delay_ms}")
+        lock = storage.lock(name)
+        try:
+            catalog = cls(
+                storage,
+                name,
+                lock,
+                storage.read_manifest(name),
+                clock=clock or wall_clock_ms,
+                crash_hook=crash_hook,
+                max_delete_attempts=max_delete_attempts,
+                delete_retry_delay_ms=delete_retry_delay_ms,
+            )
+            catalog.repair_report = catalog._repair()
+        except BaseException:
+            lock.release()
+            raise
+        return catalog
+
+    # -- queries --------------------------------------------------------------------------------
+
+    @property
+    def manifest(self) -> Manifest:
+        """The manifest as last committed (or read) by this catalog."""
+        return self._manifest
+
+    def buckets(self) -> list[BucketRecord]:
+        """The live buckets, in ledger order."""
+        return list(self._manifest.buckets)
+
+    def problems(self) -> list[str]:
+        """Recent failures that were reported instead of raised (newest last, at most 100)."""
+        with self._mutex:
+            return list(self._problems)
+
+    # -- protocol -------------------------------------------------------------------------------
+
+    def create_bucket(
+        self,
+        metadata: SnapshotMetadata,
+        segments: Sequence[Segment],
+        *,
+        replaces: Iterable[str] = (),
+    ) -> BucketRecord:
+        """Persist a sealed (or merged) bucket and make it live; return its record.
+
+        ``replaces`` are live buckets this one supersedes (a merge): they stay live until the
+        new bucket is, then become delete intents in the same commit and are deleted.
+        Failures deleting them are reported (intents, :meth:`problems`), never raised.
+
+        Raises:
+            ValueError: a ``replaces`` id is not live, or the range overlaps a live bucket that
+                is not replaced; or the segments do not match the metadata (rolled back).
+            StorageError: the object or the manifest could not be written; the create was
+                rolled back (or is left to the next open's repair), the sources are untouched.
+            ManifestConflictError: the manifest changed behind this catalog's back.
+        """
+        with self._mutex:
+            self._check_open()
+            if not isinstance(metadata, SnapshotMetadata):
+                raise TypeError(
+                    f"metadata must be a SnapshotMetadata, not {type(metadata).__name__}"
+                )
+            sources = tuple(replaces)
+            start, end = metadata.start_ledger, metadata.end_ledger
+            before = self._manifest
+            if len(set(sources)) != len(sources):
+                raise ValueError(f"replaces repeats an id: {sources}")
+            for source in sources:
+                if before.bucket(source) is None:
+                    raise ValueError(f"{source!r} is not a live bucket of {self.name!r}")
+            clash = [
+                b.snapshot_id
+                for b in before.overlapping(start, end)
+                if b.snapshot_id not in sources
+            ]
+            if clash:
+                raise ValueError(f"range [{start}, {end}] overlaps live buckets {clash}")
+            intent = Intent("create", self._new_key(start, end), start, end, sources)
+            key = intent.snapshot_id
+
+            self._hook("create.begin")
+            self._commit(before.with_intent(intent))  # 1
+            self._hook("create.intent_committed")
+            try:
+                self._storage.create(metadata, segments, key)  # 2
+                size = self._storage.length(key)
+            except Exception as exc:
+                self._roll_back(intent, exc)
+                raise
+            self._hook("create.object_written")
+            record = BucketRecord(
+                start, end, key, metadata.num_messages, metadata.num_segments, size
+            )
+            live = self._manifest.without_intent(key)
+            for source in sources:
+                old = live.bucket(source)
+                assert old is not None  # checked above; the lock keeps it so
+                live = live.without_bucket(source).with_intent(
+                    Intent("delete", source, old.start_ledger, old.end_ledger)
+                )
+            try:
+                self._commit(live.with_bucket(record))  # 3
+            except (StorageError, ManifestConflictError) as exc:
+                if self._manifest.bucket(key) is None:
+                    self._roll_back(intent, exc)
+                    raise
+            self._hook("create.bucket_live")
+            for source in sources:  # 4
+                pending = self._manifest.intent(source)
+                if pending is not None:
+                    self._finish_delete(pending)
+            return record
+
+    def delete_bucket(self, snapshot_id: str) -> bool:
+        """Delete a live bucket's snapshot; True when done, False when the delete is pending.
+
+        After step 1 the bucket is no longer live, whatever happens next; a failed object
+        delete stays as a pending intent (retried by :meth:`retry_pending_deletes` and by the
+        next open) and is reported, not raised.
+
+        Raises:
+            ValueError: ``snapshot_id`` is not a live bucket, or a pending merge replaces it.
+            StorageError, ManifestConflictError: step 1 failed; nothing changed.
+        """
+        with self._mutex:
+            self._check_open()
+            record = self._manifest.bucket(snapshot_id)
+            if record is None:
+                raise ValueError(f"{snapshot_id!r} is not a live bucket of {self.name!r}")
+            if any(snapshot_id in i.replaces for i in self._manifest.intents):
+                raise ValueError(f"{snapshot_id!r} is being merged; delete it after the merge")
+            intent = Intent("delete", snapshot_id, record.start_ledger, record.end_ledger)
+            self._hook("delete.begin")
+            self._commit(self._manifest.without_bucket(snapshot_id).with_intent(intent))  # 1
+            self._hook("delete.intent_committed")
+            return self._finish_delete(intent)
+
+    def retry_pending_deletes(
+        self, *, now_ms: int | None = None, force: bool = False
+    ) -> RetryReport:
+        """Retry the delete intents that are due (all of them with ``force``).
+
+        Also rolls back any create intent left behind by a failed rollback. Failures are
+        recorded on the intents (and dead-lettered at ``max_delete_attempts``), not raised.
+        """
+        with self._mutex:
+            self._check_open()
+            try:
+                self._convert_creates()
+            except (StorageError, ManifestConflictError) as exc:
+                self._problem(f"could not roll back pending creates: {exc}")
+            now = self._clock() if now_ms is None else now_ms
+            due = [
+                i.snapshot_id
+                for i in self._manifest.intents
+                if i.kind == "delete" and (force or i.next_attempt_ms <= now)
+            ]
+            completed, failed, dead = [], [], []
+            for snapshot_id in due:
+                intent = self._manifest.intent(snapshot_id)
+                if intent is None:
+                    continue
+                if self._finish_delete(intent):
+                    completed.append(snapshot_id)
+                elif any(d.snapshot_id == snapshot_id for d in self._manifest.dead_letters):
+                    dead.append(snapshot_id)
+                else:
+                    failed.append(snapshot_id)
+            return RetryReport(tuple(completed), tuple(failed), tuple(dead))
+
+    def close(self) -> None:
+        """Release the name's lock. Idempotent; the catalog is unusable afterwards."""
+        with self._mutex:
+            self._closed = True
+            self._lock.release()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"v{self._manifest.version}"
+        return f"Catalog({self.name!r}, {state}, buckets={len(self._manifest.buckets)})"
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"catalog {self.name!r} is closed")
+
+    def _hook(self, step: str) -> None:
+        if self._crash_hook is not None:
+            self._crash_hook(step)
+
+    def _problem(self, message: str) -> None:
+        self._problems.append(message)
+        _log.warning("catalog %s: %s", self.name, message)
+
+    def _new_key(self, start: int, end: int) -> str:
+        taken = self._manifest.referenced_ids()
+        while True:
+            suffix = f"-{start}-{end}-{uuid.uuid4().hex[:_KEY_RANDOM_HEX]}"
+            key = self.name[: _MAX_KEY - len(suffix)] + suffix
+            if key not in taken:
+                return key
+
+    def _commit(self, new: Manifest) -> None:
+        """Commit ``new``; on failure re-read the manifest to learn whether it landed."""
+        try:
+            self._manifest = self._storage.commit_manifest(self.name, new)
+            return
+        except (StorageError, ManifestConflictError) as exc:
+            failure = exc
+        try:
+            current = self._storage.read_manifest(self.name)
+        except (StorageError, SnapshotCorruptError):
+            raise failure from None
+        self._manifest = current
+        if current != replace(new, version=new.version + 1):
+            raise failure
+
+    def _roll_back(self, intent: Intent, cause: BaseException) -> None:
+        """Undo a create whose step 2 or 3 failed; notes on ``cause`` tell what was not undone."""
+        key = intent.snapshot_id
+        try:
+            pending = self._manifest.intent(key)
+            if pending is None:  # someone rewrote the manifest; make sure nothing is orphaned
+                if key not in self._manifest.referenced_ids():
+                    self._storage.delete(key)
+                return
+            undo = Intent("delete", key, intent.start_ledger, intent.end_ledger)
+            self._commit(self._manifest.with_updated_intent(undo))
+        except (StorageError, ManifestConflictError) as exc:
+            note = f"rollback of {key!r} failed ({exc}); the next open rolls it back"
+            cause.add_note(note)
+            self._problem(note)
+            return
+        self._hook("create.rolled_back")
+        if not self._finish_delete(undo):
+            cause.add_note(f"{key!r} stays as a pending delete intent")
+
+    def _finish_delete(self, intent: Intent) -> bool:
+        """Delete steps 2-3 for a pending delete intent; never raises storage errors."""
+        snapshot_id = intent.snapshot_id
+        try:
+            self._storage.delete(snapshot_id)  # 2
+        except StorageError as exc:
+            self._record_delete_failure(intent, exc)
+            return False
+        self._hook("delete.object_deleted")
+        try:
+            self._commit(self._manifest.without_intent(snapshot_id))  # 3
+        except (StorageError, ManifestConflictError) as exc:
+            self._problem(f"deleted {snapshot_id!r} but could not drop its intent: {exc}")
+            return False
+        self._hook("delete.intent_dropped")
+        return True
+
+    def _record_delete_failure(self, intent: Intent, exc: BaseException) -> None:
+        attempts = intent.attempts + 1
+        factor = min(2 ** (attempts - 1), MAX_BACKOFF_FACTOR)
+        updated = replace(
+            intent,
+            attempts=attempts,
+            next_attempt_ms=max(self._clock(), 0) + self._retry_delay_ms * factor,
+            last_error=f"{type(exc).__name__}: {exc}"[:1000],
+        )
+        if attempts >= self._max_delete_attempts:
+            new = self._manifest.with_dead_letter(updated)
+            self._problem(f"delete of {intent.snapshot_id!r} failed {attempts} times; dead letter")
+        else:
+            new = self._manifest.with_updated_intent(updated)
+            self._problem(f"delete of {intent.snapshot_id!r} failed (attempt {attempts}): {exc}")
+        try:
+            self._commit(new)
+        except (StorageError, ManifestConflictError) as commit_exc:
+            self._problem(
+                f"could not record the failed delete of {intent.snapshot_id!r}: {commit_exc}"
+            )
+
+    def _convert_creates(self) -> list[str]:
+        """Repair step: every create intent becomes a delete intent, in one commit."""
+        creates = [i for i in self._manifest.intents if i.kind == "create"]
+        if not creates:
+            return []
+        manifest = self._manifest
+        for intent in creates:
+            undo = Intent("delete", intent.snapshot_id, intent.start_ledger, intent.end_ledger)
+            manifest = manifest.with_updated_intent(undo)
+        self._commit(manifest)
+        self._hook("repair.creates_converted")
+        return [i.snapshot_id for i in creates]
+
+    def _repair(self) -> RepairReport:
+        rolled_back = self._convert_creates()
+        completed, pending = [], []
+        for intent in [i for i in self._manifest.intents if i.kind == "delete"]:
+            if self._finish_delete(intent):
+                completed.append(intent.snapshot_id)
+            else:
+                pending.append(intent.snapshot_id)
+        missing = []
+        for bucket in self._manifest.buckets:
+            try:
+                self._storage.length(bucket.snapshot_id)
+            except SnapshotNotFoundError:
+                missing.append(bucket.snapshot_id)
+                self._problem(f"live bucket {bucket.snapshot_id!r} has no snapshot object")
+        return RepairReport(tuple(rolled_back), tuple(completed), tuple(pending), tuple(missing))

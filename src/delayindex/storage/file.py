@@ -1,0 +1,300 @@
+"""The embedded default storage: snapshots and manifests as files in one local directory.
+
+Directory layout (``FileStorage(path)`` creates what is missing)::
+
+    <path>/
+      objects/<id>.dixs          one immutable snapshot object per id (codec layout)
+      manifests/<name>.manifest  the manifest of each name (manifest framing)
+      locks/<name>.lock          writer lock of a name (flock; holds the holder's pid, for messages)
+      locks/<name>.cas           short lock that serializes one manifest compare-and-swap
+      tmp/<pid>-<uuid>.tmp       files being written; never read
+
+Write protocol (objects and manifests): write the bytes to a new file in ``tmp/``, ``fsync`` it,
+move it into place atomically, then ``fsync`` the target directory so the new name is durable.
+Objects move with ``os.link`` (fails if the id exists, so an object is never overwritten; the
+temp name is then unlinked); filesystems without hard links fall back to an existence check and
+``os.replace``. Manifests move with ``os.replace`` (readers see the old file or the new one).
+A crash leaves at worst a file in ``tmp/``: readers ignore ``tmp/``, and opening the storage
+deletes temp files whose writer process is gone.
+
+Reads open the object, ``fstat`` it, ``pread`` the fixed header prefix and the entry table, then
+only the entries needed (metadata comes from a small LRU cache keyed by inode, size and mtime).
+A file whose size differs from what its header announces, or whose bytes fail a check, raises
+:class:`~delayindex.errors.SnapshotCorruptError` naming the file path.
+
+Locks: ``lock(name)`` takes ``fcntl.flock(LOCK_EX | LOCK_NB)`` on ``locks/<name>.lock``; a second
+holder, in this process or another, gets :class:`~delayindex.errors.StoreLockedError` naming the
+name, the lock file and the holder's pid. The kernel drops the lock when the holder dies. Lock
+files are never deleted (deleting a lock file races with its next holder).
+
+Retries: ``OSError`` s from these system calls are transient and retried (see ``base``), except
+``FileNotFoundError`` on an object, which means "not found".
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, suppress
+from pathlib import Path
+
+from delayindex.errors import SnapshotExistsError, SnapshotNotFoundError, StoreLockedError
+from delayindex.storage.base import BaseStorage, ObjectInfo, ObjectSource
+from delayindex.storage.manifest import KEY_PATTERN
+
+OBJECT_SUFFIX = ".dixs"
+MANIFEST_SUFFIX = ".manifest"
+LOCK_SUFFIX = ".lock"
+CAS_SUFFIX = ".cas"
+TMP_SUFFIX = ".tmp"
+#: errnos of ``os.link`` meaning "this filesystem has no hard links".
+_NO_HARDLINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists but belongs to someone else
+        return True
+    return True
+
+
+def _unlink_quiet(path: Path) -> None:
+    with suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FileStorage(BaseStorage):
+    """A :class:`~delayindex.storage.base.SnapshotStorage` on a local directory (layout above).
+
+    Several processes may share one directory: objects are immutable and unique, manifest
+    commits are serialized by a per-name flock, and writers of a name exclude each other with
+    :meth:`lock`.
+
+    Args:
+        path: the root directory (created with its subdirectories if missing).
+        metadata_cache_size: decoded metadata kept (LRU); 0 disables the cache.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, metadata_cache_size: int = 128) -> None:
+        super().__init__(metadata_cache_size=metadata_cache_size)
+        self.root = Path(path)
+        self.objects_dir = self.root / "objects"
+        self.manifests_dir = self.root / "manifests"
+        self.locks_dir = self.root / "locks"
+        self.tmp_dir = self.root / "tmp"
+        created = False
+        for directory in (self.objects_dir, self.manifests_dir, self.locks_dir, self.tmp_dir):
+            if not directory.is_dir():
+                directory.mkdir(parents=True, exist_ok=True)
+                created = True
+        if created:
+            _fsync_dir(self.root)
+        self.removed_temp_files = self._clean_tmp()
+
+    def __repr__(self) -> str:
+        return f"FileStorage({str(self.root)!r})"
+
+    # -- paths -------------------------------------------------------------------------------
+
+    def object_path(self, snapshot_id: str) -> Path:
+        """Where object ``snapshot_id`` lives (the id must already be validated)."""
+        return self.objects_dir / f"{snapshot_id}{OBJECT_SUFFIX}"
+
+    def manifest_path(self, name: str) -> Path:
+        """Where the manifest of ``name`` lives."""
+        return self.manifests_dir / f"{name}{MANIFEST_SUFFIX}"
+
+    def lock_path(self, name: str) -> Path:
+        """The writer-lock file of ``name``."""
+        return self.locks_dir / f"{name}{LOCK_SUFFIX}"
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _clean_tmp(self) -> list[str]:
+        """Delete temp files left by writers that no longer run; return their names."""
+        removed = []
+        for entry in os.scandir(self.tmp_dir):
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            pid_text = entry.name.split("-", 1)[0]
+            if entry.name.endswith(TMP_SUFFIX) and pid_text.isdigit() and _pid_alive(int(pid_text)):
+                continue
+            _unlink_quiet(Path(entry.path))
+            removed.append(entry.name)
+        return sorted(removed)
+
+    def _write_temp(self, data: bytes) -> Path:
+        """A durable temp file holding ``data`` (written, fsync'ed and closed)."""
+        path = self.tmp_dir / f"{os.getpid()}-{uuid.uuid4().hex}{TMP_SUFFIX}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            _unlink_quiet(path)
+            raise
+        os.close(fd)
+        return path
+
+    @staticmethod
+    def _read_all(path: Path) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def _check_existing(self, key: str, path: Path, data: bytes, may_exist: bool) -> None:
+        if may_exist and self._read_all(path) == data:
+            return
+        raise SnapshotExistsError(f"snapshot {key!r} already exists: {path}")
+
+    # -- raw primitives ----------------------------------------------------------------------
+
+    def _raw_put(self, key: str, data: bytes, *, may_exist: bool) -> None:
+        final = self.object_path(key)
+        if os.path.lexists(final):
+            self._check_existing(key, final, data, may_exist)
+        else:
+            tmp = self._write_temp(data)
+            try:
+                os.link(tmp, final)
+            except FileExistsError:
+                self._check_existing(key, final, data, may_exist)
+            except OSError as exc:
+                if exc.errno not in _NO_HARDLINKS:
+                    raise
+                # No hard links here: check, then rename. Keys are unique per writer and a
+                # name's writer holds its lock, so nobody races us for this id.
+                if os.path.lexists(final):
+                    self._check_existing(key, final, data, may_exist)
+                else:
+                    os.replace(tmp, final)
+            finally:
+                _unlink_quiet(tmp)
+        # Also when the object already existed: the earlier attempt may have failed right here.
+        _fsync_dir(self.objects_dir)
+
+    @contextmanager
+    def _open(self, key: str) -> Iterator[ObjectSource]:
+        path = self.object_path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise SnapshotNotFoundError(f"snapshot {key!r} not found: {path}") from None
+        try:
+            st = os.fstat(fd)
+
+            def read(offset: int, length: int) -> bytes:
+                chunks, got = [], 0
+                while got < length:
+                    chunk = os.pread(fd, length - got, offset + got)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    got += len(chunk)
+                return b"".join(chunks)
+
+            fingerprint = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            yield ObjectSource(key, str(path), st.st_size, fingerprint, read)
+        finally:
+            os.close(fd)
+
+    def _raw_source(self, key: str) -> AbstractContextManager[ObjectSource]:
+        return self._open(key)
+
+    def _raw_size(self, key: str) -> int:
+        path = self.object_path(key)
+        try:
+            return os.stat(path).st_size
+        except FileNotFoundError:
+            raise SnapshotNotFoundError(f"snapshot {key!r} not found: {path}") from None
+
+    def _raw_delete(self, key: str) -> None:
+        _unlink_quiet(self.object_path(key))
+        _fsync_dir(self.objects_dir)
+
+    def _raw_list(self) -> list[ObjectInfo]:
+        out = []
+        for entry in os.scandir(self.objects_dir):
+            key = entry.name[: -len(OBJECT_SUFFIX)]
+            if not entry.name.endswith(OBJECT_SUFFIX) or KEY_PATTERN.fullmatch(key) is None:
+                continue
+            try:
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:  # deleted while we listed
+                continue
+            out.append(ObjectInfo(key, st.st_size, st.st_mtime_ns // 1_000_000))
+        return out
+
+    def _raw_read_manifest(self, name: str) -> tuple[bytes | None, str]:
+        path = self.manifest_path(name)
+        try:
+            return self._read_all(path), str(path)
+        except FileNotFoundError:
+            return None, str(path)
+
+    @contextmanager
+    def _cas(self, name: str) -> Iterator[None]:
+        fd = os.open(self.locks_dir / f"{name}{CAS_SUFFIX}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing the only descriptor releases the flock
+
+    def _raw_manifest_guard(self, name: str) -> AbstractContextManager[object]:
+        return self._cas(name)
+
+    def _raw_write_manifest(self, name: str, data: bytes) -> None:
+        tmp = self._write_temp(data)
+        try:
+            os.replace(tmp, self.manifest_path(name))
+        except BaseException:
+            _unlink_quiet(tmp)
+            raise
+        _fsync_dir(self.manifests_dir)
+
+    def _raw_lock(self, name: str) -> tuple[str, Callable[[], None]]:
+        path = self.lock_path(name)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            by = f" (held by pid {holder})" if holder.isdigit() else ""
+            raise StoreLockedError(
+                f"{name!r} is locked by another writer{by}: lock file {path}"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:  # the pid is only for messages; the flock is what counts
+            pass
+
+        def release() -> None:
+            os.close(fd)  # drops the flock
+
+        return str(path), release

@@ -1,0 +1,390 @@
+"""The per-name manifest: which snapshots are live, and which changes are half done.
+
+A :class:`Manifest` is the single source of truth for one name (one tracker). It lists
+
+* ``buckets``: the live :class:`BucketRecord` s, sorted by ``start_ledger``, ranges disjoint;
+* ``intents``: pending two-phase operations (:class:`Intent`). A ``create`` intent is written
+  *before* its object; a ``delete`` intent replaces a live record *before* its object is
+  removed. Whatever a crash interrupts, every object the protocol ever wrote is referenced here;
+* ``dead_letters``: delete intents that failed ``max_delete_attempts`` times; kept (never
+  forgotten) so that an operator can see and retry them.
+
+Invariants (checked whenever a Manifest is built, hence on every decode):
+
+* every snapshot id matches :data:`KEY_PATTERN` and appears at most once across buckets,
+  intents and dead letters;
+* live bucket ranges are disjoint (``start_ledger <= end_ledger``);
+* a create intent's ``replaces`` are live buckets (the sources of a merge stay live until the
+  merged bucket is); a delete intent replaces nothing.
+
+Manifests are immutable: the ``with_*``/``without_*`` helpers return new ones. ``version`` is the
+compare-and-swap counter a storage backend bumps on every commit (0: nothing stored yet).
+
+Bytes (format 1, little-endian)::
+
+    magic b"DIXM" | version u16 (1) | length u32 | checksum u32 | payload (length bytes)
+
+``payload`` is UTF-8 JSON with sorted keys; ``checksum`` is mmh3 (seed :data:`CHECKSUM_SEED`) of
+magic, version, length and payload. :func:`decode_manifest` raises
+:class:`~delayindex.errors.SnapshotCorruptError` naming where the bytes came from for any
+damage: bad magic or version, wrong length, checksum mismatch, bad JSON, bad types or a broken
+invariant.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+import struct
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import mmh3
+
+from delayindex.errors import SnapshotCorruptError
+
+#: Snapshot ids, object keys and manifest/lock names: safe as file names, no path traversal.
+KEY_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~-]{0,199}")
+
+MANIFEST_MAGIC = b"DIXM"
+MANIFEST_FORMAT = 1
+CHECKSUM_SEED = 0x4449584D
+_HEAD = struct.Struct("<4sHI")  # magic, format, payload length
+_CRC = struct.Struct("<I")  # checksum, then the payload
+_FRAME_BYTES = _HEAD.size + _CRC.size
+_MAX_LEDGER = 2**63 - 1
+
+IntentKind = Literal["create", "delete"]
+INTENT_KINDS: tuple[str, ...] = ("create", "delete")
+
+
+def validate_key(key: object, what: str = "key") -> str:
+    """Return ``key`` if it matches :data:`KEY_PATTERN`, else raise ValueError (TypeError)."""
+    if not isinstance(key, str):
+        raise TypeError(f"{what} must be a str, got {type(key).__name__}")
+    if KEY_PATTERN.fullmatch(key) is None:
+        raise ValueError(
+            f"bad {what} {key!r}: must match {KEY_PATTERN.pattern} "
+            "(1-200 chars of letters, digits, '.', '_', '~', '-', starting with a letter or digit)"
+        )
+    return key
+
+
+def _check_int(value: object, what: str, low: int = 0, high: int = _MAX_LEDGER) -> None:
+    if type(value) is not int:  # bool is an int subclass; reject it too
+        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{what} {value} outside [{low}, {high}]")
+
+
+def _check_range(start: int, end: int, what: str) -> None:
+    _check_int(start, f"{what} start_ledger")
+    _check_int(end, f"{what} end_ledger")
+    if start > end:
+        raise ValueError(f"{what}: start_ledger {start} > end_ledger {end}")
+
+
+@dataclass(frozen=True)
+class BucketRecord:
+    """A live bucket: its ledger range and the snapshot that holds it."""
+
+    start_ledger: int
+    end_ledger: int
+    snapshot_id: str
+    num_messages: int
+    num_segments: int
+    snapshot_bytes: int
+
+    def __post_init__(self) -> None:
+        _check_range(self.start_ledger, self.end_ledger, f"bucket {self.snapshot_id!r}")
+        validate_key(self.snapshot_id, "snapshot id")
+        _check_int(self.num_messages, "num_messages", 1)
+        _check_int(self.num_segments, "num_segments", 1)
+        _check_int(self.snapshot_bytes, "snapshot_bytes", 1)
+
+
+@dataclass(frozen=True)
+class Intent:
+    """A pending step of the two-phase protocol.
+
+    ``create``: the object ``snapshot_id`` may exist but is not live yet; ``replaces`` are the
+    live buckets it will atomically supersede (a merge). ``delete``: the bucket is no longer live;
+    its object may still exist. ``attempts``/``next_attempt_ms``/``last_error`` track failed
+    deletes (retry with backoff, then dead letter).
+    """
+
+    kind: IntentKind
+    snapshot_id: str
+    start_ledger: int
+    end_ledger: int
+    replaces: tuple[str, ...] = ()
+    attempts: int = 0
+    next_attempt_ms: int = 0
+    last_error: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in INTENT_KINDS:
+            raise ValueError(f"unknown intent kind {self.kind!r}")
+        validate_key(self.snapshot_id, "snapshot id")
+        _check_range(self.start_ledger, self.end_ledger, f"intent {self.snapshot_id!r}")
+        if not isinstance(self.replaces, tuple):
+            raise TypeError("replaces must be a tuple")
+        for source in self.replaces:
+            validate_key(source, "replaced snapshot id")
+        if len(set(self.replaces)) != len(self.replaces) or self.snapshot_id in self.replaces:
+            raise ValueError(f"intent {self.snapshot_id!r}: repeated id in replaces")
+        if self.kind == "delete" and self.replaces:
+            raise ValueError(f"delete intent {self.snapshot_id!r} cannot replace buckets")
+        _check_int(self.attempts, "attempts", 0, 2**31)
+        _check_int(self.next_attempt_ms, "next_attempt_ms", 0)
+        if not isinstance(self.last_error, str):
+            raise TypeError("last_error must be a str")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One name's live buckets, pending intents and dead letters, at a commit ``version``."""
+
+    name: str
+    version: int = 0
+    buckets: tuple[BucketRecord, ...] = ()
+    intents: tuple[Intent, ...] = ()
+    dead_letters: tuple[Intent, ...] = ()
+    _live: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        validate_key(self.name, "manifest name")
+        _check_int(self.version, "version", 0)
+        for what, items, cls in (
+            ("buckets", self.buckets, BucketRecord),
+            ("intents", self.intents, Intent),
+            ("dead_letters", self.dead_letters, Intent),
+        ):
+            if not isinstance(items, tuple) or not all(isinstance(x, cls) for x in items):
+                raise TypeError(f"{what} must be a tuple of {cls.__name__}")
+        for previous, bucket in zip(self.buckets, self.buckets[1:], strict=False):
+            if bucket.start_ledger <= previous.end_ledger:
+                raise ValueError(
+                    f"buckets {previous.snapshot_id!r} [{previous.start_ledger}, "
+                    f"{previous.end_ledger}] and {bucket.snapshot_id!r} [{bucket.start_ledger}, "
+                    f"{bucket.end_ledger}] overlap or are out of order"
+                )
+        ids = [
+            *(b.snapshot_id for b in self.buckets),
+            *(i.snapshot_id for i in self.intents),
+            *(d.snapshot_id for d in self.dead_letters),
+        ]
+        if len(set(ids)) != len(ids):
+            raise ValueError("a snapshot id appears twice in the manifest")
+        live = frozenset(b.snapshot_id for b in self.buckets)
+        object.__setattr__(self, "_live", live)
+        claimed: set[str] = set()
+        for intent in self.intents:
+            missing = set(intent.replaces) - live
+            if missing:
+                raise ValueError(
+                    f"create intent {intent.snapshot_id!r} replaces non-live {sorted(missing)}"
+                )
+            if claimed & set(intent.replaces):
+                raise ValueError("two create intents replace the same bucket")
+            claimed.update(intent.replaces)
+        for dead in self.dead_letters:
+            if dead.kind != "delete":
+                raise ValueError(f"dead letter {dead.snapshot_id!r} is not a delete intent")
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def bucket(self, snapshot_id: str) -> BucketRecord | None:
+        """The live bucket stored in ``snapshot_id``, or None."""
+        return next((b for b in self.buckets if b.snapshot_id == snapshot_id), None)
+
+    def intent(self, snapshot_id: str) -> Intent | None:
+        """The pending intent on ``snapshot_id``, or None."""
+        return next((i for i in self.intents if i.snapshot_id == snapshot_id), None)
+
+    def live_ids(self) -> frozenset[str]:
+        """Snapshot ids of the live buckets."""
+        return self._live
+
+    def referenced_ids(self) -> frozenset[str]:
+        """Every snapshot id the manifest mentions (live, pending or dead-lettered).
+
+        After a repair with working storage, every stored object of this name is in this set.
+        """
+        return self._live | {i.snapshot_id for i in (*self.intents, *self.dead_letters)}
+
+    def overlapping(self, start_ledger: int, end_ledger: int) -> tuple[BucketRecord, ...]:
+        """Live buckets whose range intersects ``[start_ledger, end_ledger]``."""
+        return tuple(
+            b for b in self.buckets if b.start_ledger <= end_ledger and start_ledger <= b.end_ledger
+        )
+
+    # -- edits (each returns a new Manifest; the version is left to the storage's commit) --------
+
+    def with_bucket(self, record: BucketRecord) -> Manifest:
+        """Add a live bucket (kept sorted by range; ``ValueError`` if it overlaps one)."""
+        starts = [b.start_ledger for b in self.buckets]
+        at = bisect.bisect_left(starts, record.start_ledger)
+        return replace(self, buckets=(*self.buckets[:at], record, *self.buckets[at:]))
+
+    def without_bucket(self, snapshot_id: str) -> Manifest:
+        """Drop the live bucket ``snapshot_id`` (``KeyError`` if it is not live)."""
+        if snapshot_id not in self._live:
+            raise KeyError(snapshot_id)
+        return replace(self, buckets=tuple(b for b in self.buckets if b.snapshot_id != snapshot_id))
+
+    def with_intent(self, intent: Intent) -> Manifest:
+        """Add a pending intent (``ValueError`` if its id is already mentioned)."""
+        return replace(self, intents=(*self.intents, intent))
+
+    def without_intent(self, snapshot_id: str) -> Manifest:
+        """Drop the pending intent on ``snapshot_id`` (``KeyError`` if there is none)."""
+        if self.intent(snapshot_id) is None:
+            raise KeyError(snapshot_id)
+        return replace(self, intents=tuple(i for i in self.intents if i.snapshot_id != snapshot_id))
+
+    def with_updated_intent(self, intent: Intent) -> Manifest:
+        """Replace the pending intent with the same snapshot id, keeping its position."""
+        if self.intent(intent.snapshot_id) is None:
+            raise KeyError(intent.snapshot_id)
+        return replace(
+            self,
+            intents=tuple(
+                intent if i.snapshot_id == intent.snapshot_id else i for i in self.intents
+            ),
+        )
+
+    def with_dead_letter(self, intent: Intent) -> Manifest:
+        """Move the pending intent on ``intent.snapshot_id`` to the dead letters as ``intent``."""
+        moved = self.without_intent(intent.snapshot_id)
+        return replace(moved, dead_letters=(*moved.dead_letters, intent))
+
+
+# -- bytes ---------------------------------------------------------------------------------------
+
+
+def _record_json(record: BucketRecord) -> dict[str, Any]:
+    return {
+        "start_ledger": record.start_ledger,
+        "end_ledger": record.end_ledger,
+        "snapshot_id": record.snapshot_id,
+        "num_messages": record.num_messages,
+        "num_segments": record.num_segments,
+        "snapshot_bytes": record.snapshot_bytes,
+    }
+
+
+def _intent_json(intent: Intent) -> dict[str, Any]:
+    return {
+        "kind": intent.kind,
+        "snapshot_id": intent.snapshot_id,
+        "start_ledger": intent.start_ledger,
+        "end_ledger": intent.end_ledger,
+        "replaces": list(intent.replaces),
+        "attempts": intent.attempts,
+        "next_attempt_ms": intent.next_attempt_ms,
+        "last_error": intent.last_error,
+    }
+
+
+def encode_manifest(manifest: Manifest) -> bytes:
+    """The framed, checksummed bytes of ``manifest`` (deterministic: JSON with sorted keys)."""
+    document = {
+        "name": manifest.name,
+        "version": manifest.version,
+        "buckets": [_record_json(b) for b in manifest.buckets],
+        "intents": [_intent_json(i) for i in manifest.intents],
+        "dead_letters": [_intent_json(d) for d in manifest.dead_letters],
+    }
+    payload = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+    head = _HEAD.pack(MANIFEST_MAGIC, MANIFEST_FORMAT, len(payload))
+    return head + _CRC.pack(mmh3.hash(head + payload, CHECKSUM_SEED, signed=False)) + payload
+
+
+def _fields(obj: object, keys: frozenset[str], what: str) -> dict[str, Any]:
+    if not isinstance(obj, dict) or set(obj) != keys:
+        raise ValueError(f"{what} must be an object with exactly the keys {sorted(keys)}")
+    return obj
+
+
+_RECORD_KEYS = frozenset(
+    ("start_ledger", "end_ledger", "snapshot_id", "num_messages", "num_segments", "snapshot_bytes")
+)
+_INTENT_KEYS = frozenset(
+    (
+        "kind",
+        "snapshot_id",
+        "start_ledger",
+        "end_ledger",
+        "replaces",
+        "attempts",
+        "next_attempt_ms",
+        "last_error",
+    )
+)
+_MANIFEST_KEYS = frozenset(("name", "version", "buckets", "intents", "dead_letters"))
+
+
+def _list(obj: object, what: str) -> list[Any]:
+    if not isinstance(obj, list):
+        raise TypeError(f"{what} must be a list")
+    return obj
+
+
+def _intent_from(obj: object) -> Intent:
+    f = _fields(obj, _INTENT_KEYS, "intent")
+    return Intent(
+        kind=f["kind"],
+        snapshot_id=f["snapshot_id"],
+        start_ledger=f["start_ledger"],
+        end_ledger=f["end_ledger"],
+        replaces=tuple(_list(f["replaces"], "replaces")),
+        attempts=f["attempts"],
+        next_attempt_ms=f["next_attempt_ms"],
+        last_error=f["last_error"],
+    )
+
+
+def decode_manifest(data: bytes, where: str) -> Manifest:
+    """Verify and decode manifest bytes; damage raises SnapshotCorruptError naming ``where``."""
+    data = bytes(data)
+    if len(data) < _FRAME_BYTES:
+        raise SnapshotCorruptError(f"{where}: truncated manifest ({len(data)} bytes)")
+    magic, fmt, length = _HEAD.unpack_from(data)
+    (stored,) = _CRC.unpack_from(data, _HEAD.size)
+    if magic != MANIFEST_MAGIC:
+        raise SnapshotCorruptError(f"{where}: bad magic {magic!r} (not a delayindex manifest)")
+    if fmt != MANIFEST_FORMAT:
+        raise SnapshotCorruptError(f"{where}: unsupported manifest format {fmt}")
+    if len(data) != _FRAME_BYTES + length:
+        raise SnapshotCorruptError(
+            f"{where}: manifest is {len(data)} bytes, its header says {_FRAME_BYTES + length}"
+        )
+    payload = data[_FRAME_BYTES:]
+    if mmh3.hash(data[: _HEAD.size] + payload, CHECKSUM_SEED, signed=False) != stored:
+        raise SnapshotCorruptError(f"{where}: manifest checksum mismatch")
+    try:
+        f = _fields(json.loads(payload), _MANIFEST_KEYS, "manifest")
+        buckets = []
+        for obj in _list(f["buckets"], "buckets"):
+            r = _fields(obj, _RECORD_KEYS, "bucket")
+            buckets.append(
+                BucketRecord(
+                    start_ledger=r["start_ledger"],
+                    end_ledger=r["end_ledger"],
+                    snapshot_id=r["snapshot_id"],
+                    num_messages=r["num_messages"],
+                    num_segments=r["num_segments"],
+                    snapshot_bytes=r["snapshot_bytes"],
+                )
+            )
+        return Manifest(
+            name=f["name"],
+            version=f["version"],
+            buckets=tuple(buckets),
+            intents=tuple(_intent_from(i) for i in _list(f["intents"], "intents")),
+            dead_letters=tuple(_intent_from(d) for d in _list(f["dead_letters"], "dead_letters")),
+        )
+    except (ValueError, TypeError) as exc:  # json.JSONDecodeError and UnicodeDecodeError included
+        raise SnapshotCorruptError(f"{where}: invalid manifest: {exc}") from None

@@ -1,0 +1,230 @@
+"""In-process snapshot storage that keeps *encoded bytes*, with fault injection for tests.
+
+:class:`MemoryStorage` stores exactly what :class:`~delayindex.storage.file.FileStorage` would
+write: each object is the codec's byte string (``encode_snapshot``) and each manifest is
+``encode_manifest`` output, so every read goes through the same header, checksum and decode path
+(``BaseStorage``) and every test exercises the codecs. Nothing survives the process.
+
+Fault injection: :meth:`MemoryStorage.inject_failure` queues failures per operation; each raw
+attempt of that operation consumes one (retries therefore consume them too: three failures and
+the fourth attempt succeeds, four failures exhaust the retries). ``after=True`` makes the attempt
+take effect first and then raise, a lost acknowledgement, which exercises the idempotent-retry
+paths. Test helpers :meth:`raw_object`/:meth:`put_raw_object` (and the manifest twins) read and
+plant bytes directly, to corrupt objects or create orphans; :meth:`break_locks` forgets every
+held lock, as the death of the holding process would.
+
+Thread safety: one lock guards all state; decoding happens outside it on immutable ``bytes``.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+
+from delayindex.clock import wall_clock_ms
+from delayindex.errors import SnapshotExistsError, SnapshotNotFoundError, StoreLockedError
+from delayindex.storage.base import BaseStorage, ObjectInfo, ObjectSource
+from delayindex.storage.manifest import validate_key
+
+#: Operations that :meth:`MemoryStorage.inject_failure` accepts, and the raw operations each
+#: covers ("manifest" is both reading and committing a manifest).
+INJECTABLE_OPS: dict[str, tuple[str, ...]] = {
+    "create": ("create",),
+    "get_metadata": ("get_metadata",),
+    "get_segments": ("get_segments",),
+    "delete": ("delete",),
+    "manifest": ("read_manifest", "commit_manifest"),
+}
+
+
+class InjectedIOError(OSError):
+    """The default injected failure: a transient I/O error (retried like any ``OSError``)."""
+
+
+@dataclass
+class _Fault:
+    remaining: int
+    error: BaseException | None
+    after: bool
+
+
+@dataclass(frozen=True)
+class _Stored:
+    data: bytes
+    mtime_ms: int
+    generation: int
+
+
+class MemoryStorage(BaseStorage):
+    """A :class:`~delayindex.storage.base.SnapshotStorage` held in a dict of encoded bytes.
+
+    Args:
+        clock: epoch-ms clock for ``ObjectInfo.mtime_ms`` (default: the wall clock).
+        metadata_cache_size: decoded metadata kept (LRU); 0 disables the cache.
+    """
+
+    def __init__(
+        self, *, clock: Callable[[], int] | None = None, metadata_cache_size: int = 128
+    ) -> None:
+        super().__init__(metadata_cache_size=metadata_cache_size)
+        self._clock = clock or wall_clock_ms
+        self._lock = threading.Lock()
+        self._objects: dict[str, _Stored] = {}
+        self._manifests: dict[str, bytes] = {}
+        self._cas_lock = threading.Lock()
+        self._locked: dict[str, int] = {}  # name -> token of the current holder
+        self._lock_tokens = 0
+        self._faults: dict[str, list[_Fault]] = {op: [] for op in INJECTABLE_OPS}
+        self._generation = 0
+        self._injected = 0
+
+    def __repr__(self) -> str:
+        return f"MemoryStorage(objects={len(self._objects)}, manifests={len(self._manifests)})"
+
+    # -- fault injection and test helpers --------------------------------------------------------
+
+    def inject_failure(
+        self, op: str, error: BaseException | None = None, times: int = 1, *, after: bool = False
+    ) -> None:
+        """Make the next ``times`` raw attempts of ``op`` raise ``error``.
+
+        Args:
+            op: one of ``"create"``, ``"get_metadata"``, ``"get_segments"``, ``"delete"``,
+                ``"manifest"`` (reading and committing manifests).
+            error: the exception to raise; default a fresh :class:`InjectedIOError` each time.
+                ``OSError`` s are retried; anything else propagates unchanged at once.
+            times: how many attempts fail (>= 1); queued after earlier injections of ``op``.
+            after: let the attempt take effect before raising (a lost acknowledgement).
+        """
+        if op not in INJECTABLE_OPS:
+            raise ValueError(f"unknown op {op!r}; expected one of {sorted(INJECTABLE_OPS)}")
+        if type(times) is not int or times < 1:
+            raise ValueError(f"times must be an int >= 1, got {times!r}")
+        with self._lock:
+            self._faults[op].append(_Fault(times, error, after))
+
+    def pending_failures(self, op: str) -> int:
+        """How many injected failures of ``op`` are still queued."""
+        with self._lock:
+            return sum(f.remaining for f in self._faults[op])
+
+    def _fault_point(self, op: str, phase: str) -> None:
+        key = next((k for k, ops in INJECTABLE_OPS.items() if op in ops), None)
+        if key is None:
+            return
+        with self._lock:
+            queue = self._faults[key]
+            if not queue or queue[0].after != (phase == "after"):
+                return
+            fault = queue[0]
+            fault.remaining -= 1
+            if fault.remaining == 0:
+                queue.pop(0)
+            self._injected += 1
+            count = self._injected
+        if fault.error is None:
+            raise InjectedIOError(errno.EIO, f"injected failure #{count} of {op} ({phase})")
+        raise fault.error.with_traceback(None)
+
+    def raw_object(self, snapshot_id: str) -> bytes:
+        """The stored bytes of an object (``SnapshotNotFoundError`` if missing)."""
+        with self._lock:
+            stored = self._objects.get(snapshot_id)
+        if stored is None:
+            raise SnapshotNotFoundError(f"snapshot {snapshot_id!r} not found (memory)")
+        return stored.data
+
+    def put_raw_object(self, snapshot_id: str, data: bytes) -> None:
+        """Store (or overwrite) arbitrary bytes as an object: plants corrupt or orphan objects."""
+        validate_key(snapshot_id, "snapshot id")
+        with self._lock:
+            self._generation += 1
+            self._objects[snapshot_id] = _Stored(bytes(data), self._clock(), self._generation)
+
+    def raw_manifest(self, name: str) -> bytes | None:
+        """The stored manifest bytes of ``name`` (None if none)."""
+        with self._lock:
+            return self._manifests.get(name)
+
+    def put_raw_manifest(self, name: str, data: bytes) -> None:
+        """Store arbitrary bytes as ``name``'s manifest (to test damaged manifests)."""
+        validate_key(name, "manifest name")
+        with self._lock:
+            self._manifests[name] = bytes(data)
+
+    def break_locks(self) -> None:
+        """Forget every held writer lock, as the death of the holding process would."""
+        with self._lock:
+            self._locked.clear()
+
+    # -- raw primitives ----------------------------------------------------------------------
+
+    def _raw_put(self, key: str, data: bytes, *, may_exist: bool) -> None:
+        with self._lock:
+            existing = self._objects.get(key)
+            if existing is not None:
+                if may_exist and existing.data == data:
+                    return
+                raise SnapshotExistsError(f"snapshot {key!r} already exists (memory)")
+            self._generation += 1
+            self._objects[key] = _Stored(data, self._clock(), self._generation)
+
+    @contextmanager
+    def _open(self, key: str) -> Iterator[ObjectSource]:
+        with self._lock:
+            stored = self._objects.get(key)
+        if stored is None:
+            raise SnapshotNotFoundError(f"snapshot {key!r} not found (memory)")
+        data = stored.data
+
+        def read(offset: int, length: int) -> bytes:
+            return data[offset : offset + length]
+
+        yield ObjectSource(key, f"memory:objects/{key}", len(data), stored.generation, read)
+
+    def _raw_source(self, key: str) -> AbstractContextManager[ObjectSource]:
+        return self._open(key)
+
+    def _raw_size(self, key: str) -> int:
+        return len(self.raw_object(key))
+
+    def _raw_delete(self, key: str) -> None:
+        with self._lock:
+            self._objects.pop(key, None)
+
+    def _raw_list(self) -> list[ObjectInfo]:
+        with self._lock:
+            return [ObjectInfo(k, len(v.data), v.mtime_ms) for k, v in self._objects.items()]
+
+    def _raw_read_manifest(self, name: str) -> tuple[bytes | None, str]:
+        with self._lock:
+            return self._manifests.get(name), f"memory:manifests/{name}"
+
+    def _raw_manifest_guard(self, name: str) -> AbstractContextManager[object]:
+        # Reads and writes take self._lock separately; this second lock serializes whole
+        # compare-and-swaps so that two committers cannot interleave their read and write.
+        return self._cas_lock
+
+    def _raw_write_manifest(self, name: str, data: bytes) -> None:
+        with self._lock:
+            self._manifests[name] = data
+
+    def _raw_lock(self, name: str) -> tuple[str, Callable[[], None]]:
+        where = f"memory:locks/{name}"
+        with self._lock:
+            if name in self._locked:
+                raise StoreLockedError(
+                    f"{name!r} is locked by another writer of this MemoryStorage ({where})"
+                )
+            self._lock_tokens += 1
+            token = self._locked[name] = self._lock_tokens
+
+        def release() -> None:
+            with self._lock:
+                if self._locked.get(name) == token:  # not broken and re-taken meanwhile
+                    del self._locked[name]
+
+        return where, release
