@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -22,24 +22,19 @@ EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text.replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an int (underscores allowed) that is at least ``minimum``."""
 
+    def parse(text: str) -> int:
+        try:
+            value = int(text.replace("_", ""))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text.replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,9 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Publish a realistic workload, track it, dispatch it on a manual clock and "
         "verify that nothing is lost, delivered twice or delivered early.",
     )
-    demo.add_argument("--messages", type=_positive_int, default=1_000_000, help="default 1e6")
-    demo.add_argument("--seed", type=_non_negative_int, default=7)
-    demo.add_argument("--tick-ms", type=_non_negative_int, default=1000)
+    demo.add_argument("--messages", type=_int_at_least(1), default=1_000_000, help="default 1e6")
+    demo.add_argument("--seed", type=_int_at_least(0), default=7)
+    demo.add_argument("--tick-ms", type=_int_at_least(0), default=1000)
     demo.add_argument("--strict", action="store_true", help="never deliver before deliver_at")
     demo.add_argument("--json", action="store_true", help="print the result as JSON")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
