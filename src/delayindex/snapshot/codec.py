@@ -176,13 +176,9 @@ def encode_entries(metadata: SnapshotMetadata, segments: Sequence[Segment]) -> l
     for number, (meta, segment) in enumerate(zip(metadata.segments, segments, strict=True), 1):
         _check_segment_matches(meta, segment, number)
         by_position = np.lexsort((segment.entries, segment.ledgers))
-        expected_l = np.repeat(
-            np.array(meta.ledgers, dtype=np.int64),
-            [len(_impl.roaring_entries(b)) for b in meta.bitmaps],
-        )
-        expected_e = np.concatenate([_impl.roaring_entries(b) for b in meta.bitmaps]).astype(
-            np.int64
-        )
+        parts = [_impl.roaring_entries(b) for b in meta.bitmaps]
+        expected_l = np.repeat(np.array(meta.ledgers, dtype=np.int64), [len(p) for p in parts])
+        expected_e = np.concatenate(parts).astype(np.int64)
         if not (
             np.array_equal(segment.ledgers[by_position], expected_l)
             and np.array_equal(segment.entries[by_position], expected_e)
