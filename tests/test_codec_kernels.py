@@ -561,3 +561,33 @@ def test_roaring_check_positions(groups: list[tuple[int, list[int]]]) -> None:
     else:
         cards = _ok("roaring_check_positions", ledgers, bitmaps)
         assert cards.tolist() == [len(set(values)) for _, values in groups]
+
+
+@given(_snapshots())
+def test_decode_segments_slots_accepts_distinct_positions(
+    snap: tuple[SnapshotMetadata, list[Segment], list[bytes]],
+) -> None:
+    metadata, segments, entries = snap
+    slots = np.unique(metadata.ledgers, return_inverse=True)[1].astype(np.int64)
+    args = _kernel_args(metadata, entries, 1, metadata.num_segments + 1)
+    got = _ok("decode_segments", *args, slots)
+    _assert_equal(got, _expected(segments), "decode_segments")
+
+
+def test_decode_segments_slots_rejects_a_position_in_two_segments() -> None:
+    # Two one-index segments that both claim position (1, 5).
+    bitmap = _serialize([5], False)
+    entries = [codec._frame(1, 0, b""), codec._frame(2, 0, b"")]
+    args = [
+        b"".join(entries),
+        np.array([len(e) for e in entries], dtype=np.int64),
+        1,
+        np.array([10, 20], dtype=np.int64),
+        np.array([0, 0], dtype=np.int64),
+        np.array([1, 1], dtype=np.int64),
+        np.array([0, 1, 2], dtype=np.int64),
+        np.array([1, 1], dtype=np.int64),
+        [bitmap, bitmap],
+    ]
+    _ok("decode_segments", *args)  # without slots the kernel does not look across segments
+    _rejected("decode_segments", *args, np.array([0, 0], dtype=np.int64))

@@ -14,7 +14,7 @@
 # outside a buffer.
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset
 
 cdef extern from *:
@@ -460,11 +460,92 @@ def murmur3_32(const uint8_t[::1] data not None, uint32_t seed) -> int:
     return di_murmur3_32(&data[0] if data.shape[0] else NULL, data.shape[0], seed)
 
 
+cdef int check_distinct(const int64_t* slots, const uint32_t* entries, Py_ssize_t n) except -1:
+    """Fail if two of the n (slot, entry) pairs are equal. O(n + slots + entry ranges)."""
+    cdef Py_ssize_t i, j, a, b, n_slots = 0, words, bitset_words = 0
+    cdef Py_ssize_t* starts = NULL
+    cdef uint32_t* grouped = NULL
+    cdef uint64_t* bitset = NULL
+    cdef uint64_t* keys = NULL
+    cdef uint64_t* scratch_keys = NULL
+    cdef int64_t* scratch = NULL
+    cdef uint32_t low, high, value
+    for i in range(n):
+        if slots[i] < 0:
+            raise ValueError("negative slot")
+        if slots[i] + 1 > n_slots:
+            n_slots = slots[i] + 1
+    try:
+        starts = <Py_ssize_t*> calloc(n_slots + 1, sizeof(Py_ssize_t))
+        grouped = <uint32_t*> malloc(max(n, 1) * sizeof(uint32_t))
+        if starts == NULL or grouped == NULL:
+            raise MemoryError()
+        # Bucket the entries by slot (counting sort), then check each slot on its own.
+        for i in range(n):
+            starts[slots[i] + 1] += 1
+        for i in range(n_slots):
+            starts[i + 1] += starts[i]
+        for i in range(n):
+            grouped[starts[slots[i]]] = entries[i]
+            starts[slots[i]] += 1
+        for i in range(n_slots - 1, 0, -1):
+            starts[i] = starts[i - 1]
+        starts[0] = 0
+        for i in range(n_slots):
+            a = starts[i]
+            b = starts[i + 1]
+            if b - a < 2:
+                continue
+            low = grouped[a]
+            high = grouped[a]
+            for j in range(a, b):
+                if grouped[j] < low:
+                    low = grouped[j]
+                if grouped[j] > high:
+                    high = grouped[j]
+            words = ((<Py_ssize_t> (high - low)) >> 6) + 1
+            if words <= 2 * (b - a) + 16:
+                if words > bitset_words:
+                    free(bitset)
+                    bitset = <uint64_t*> malloc(words * sizeof(uint64_t))
+                    if bitset == NULL:
+                        raise MemoryError()
+                    bitset_words = words
+                memset(bitset, 0, words * sizeof(uint64_t))
+                for j in range(a, b):
+                    value = grouped[j] - low
+                    if (bitset[value >> 6] >> (value & 63)) & 1:
+                        raise ValueError(f"entry {grouped[j]} of a ledger is in two segments")
+                    bitset[value >> 6] |= (<uint64_t> 1) << (value & 63)
+            else:
+                if keys == NULL:
+                    keys = <uint64_t*> malloc(max(n, 1) * sizeof(uint64_t))
+                    scratch_keys = <uint64_t*> malloc(max(n, 1) * sizeof(uint64_t))
+                    scratch = <int64_t*> malloc(4 * max(n, 1) * sizeof(int64_t))
+                    if not (keys and scratch_keys and scratch):
+                        raise MemoryError()
+                for j in range(b - a):
+                    keys[j] = grouped[a + j]
+                radix_sort(keys, scratch, scratch + n, b - a, 32, scratch_keys,
+                           scratch + 2 * n, scratch + 3 * n)
+                for j in range(1, b - a):
+                    if keys[j] == keys[j - 1]:
+                        raise ValueError(f"entry {keys[j]} of a ledger is in two segments")
+    finally:
+        free(starts)
+        free(grouped)
+        free(bitset)
+        free(keys)
+        free(scratch_keys)
+        free(scratch)
+    return 0
+
+
 def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_lengths not None,
                     int64_t first_index, const int64_t[:] mins not None,
                     const int64_t[:] spans not None, const int64_t[:] counts not None,
                     const int64_t[:] ledger_offsets not None, const int64_t[:] ledgers not None,
-                    bitmaps not None):
+                    bitmaps not None, const int64_t[:] slots=None):
     """Verify and decode consecutive framed segment entries into (time, ledger, entry) order.
 
     ``buffer`` holds the entries back to back (``entry_lengths`` each); entry ``i`` is stored
@@ -472,6 +553,9 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
     columns ``mins``, ``spans``, ``counts``; its positions are ``ledgers[ledger_offsets[i]:
     ledger_offsets[i + 1]]`` with the matching ``bitmaps`` (portable roaring bytes).
     Returns ``(times, ledgers, entries, offsets)``; segment i is ``offsets[i]:offsets[i+1]``.
+
+    With ``slots`` (aligned with ``ledgers``: a dense id per distinct ledger), it also fails if a
+    position appears in two of the decoded segments; each bitmap is still parsed only once.
     """
     cdef Py_ssize_t n_seg = entry_lengths.shape[0], s, i, j, total = 0, start, n, card, got
     cdef Py_ssize_t scratch = 1, pos = 0, elen, first_ledger, last_ledger
@@ -488,6 +572,12 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
     cdef int64_t* sl = NULL
     cdef int64_t* se = NULL
     cdef uint32_t* ent = NULL
+    cdef uint32_t* seen_entries = NULL
+    cdef int64_t* seen_slots = NULL
+    cdef int64_t slot
+    cdef bint check = slots is not None
+    if check and slots.shape[0] != ledgers.shape[0]:
+        raise ValueError("slots and ledgers differ in length")
     if not (mins.shape[0] == spans.shape[0] == counts.shape[0] == n_seg
             and ledger_offsets.shape[0] == n_seg + 1):
         raise ValueError("per-segment inputs differ in length")
@@ -522,6 +612,11 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
         ent = <uint32_t*> malloc(scratch * sizeof(uint32_t))
         if not (keys and sk and ls and sl and es and se and ent):
             raise MemoryError()
+        if check:
+            seen_entries = <uint32_t*> malloc(max(total, 1) * sizeof(uint32_t))
+            seen_slots = <int64_t*> malloc(max(total, 1) * sizeof(int64_t))
+            if not (seen_entries and seen_slots):
+                raise MemoryError()
         start = 0
         pos = 0
         for s in range(n_seg):
@@ -558,6 +653,11 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
                 for j in range(got, got + card):
                     ls[j] = ledger
                     es[j] = ent[j]
+                if check:
+                    slot = slots[i]
+                    for j in range(got, got + card):
+                        seen_entries[start + j] = ent[j]
+                        seen_slots[start + j] = slot
                 got += card
             if got != n:
                 raise ValueError(f"segment {s}: bitmap cardinality does not match the count")
@@ -574,7 +674,11 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
                 ve[start + j] = es[j]
             start += n
         vo[n_seg] = start
+        if check:
+            check_distinct(seen_slots, seen_entries, start)
     finally:
+        free(seen_entries)
+        free(seen_slots)
         free(keys)
         free(sk)
         free(ls)

@@ -129,8 +129,15 @@ def decode_segments(
     ledger_offsets: Int64Array,
     ledgers: Int64Array,
     bitmaps: Sequence[bytes],
+    slots: Int64Array | None = None,
 ) -> tuple[Int64Array, Int64Array, Int64Array, Int64Array]:
-    """Verify and decode consecutive framed segment entries into (time, ledger, entry) order."""
+    """Verify and decode consecutive framed segment entries into (time, ledger, entry) order.
+
+    With ``slots`` (a dense id per distinct ledger, aligned with ``ledgers``), also fail if a
+    position appears in two of the decoded segments.
+    """
+    if slots is not None and len(slots) != len(ledgers):
+        raise ValueError("slots and ledgers differ in length")
     n_seg = len(entry_lengths)
     if not (len(mins) == len(spans) == len(counts) == n_seg and len(ledger_offsets) == n_seg + 1):
         raise ValueError("per-segment inputs differ in length")
@@ -182,6 +189,11 @@ def decode_segments(
         out_e.append(entries[order])
         offsets.append(offsets[-1] + n)
     empty = np.empty(0, dtype=np.int64)
+    if slots is not None and out_l:
+        all_l, all_e = np.concatenate(out_l), np.concatenate(out_e)
+        pairs = np.unique(np.stack([all_l, all_e]), axis=1)
+        if pairs.shape[1] != len(all_l):
+            raise ValueError("an entry of a ledger is in two segments")
     return (
         np.concatenate(out_t) if out_t else empty,
         np.concatenate(out_l) if out_l else empty.copy(),

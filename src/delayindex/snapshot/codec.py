@@ -393,11 +393,13 @@ def decode_segment_buffer(
     metadata: SnapshotMetadata,
     first: int,
     name: str,
+    *,
+    check_distinct: bool = False,
 ) -> SegmentList:
     """Decode consecutive framed segment entries held back to back in ``buffer``.
 
     Entry ``i`` of the buffer is segment ``first + i``. One native call verifies the checksums
-    and decodes them all.
+    and decodes them all; ``check_distinct`` also rejects a position found in two of them.
     """
     count = len(entry_lengths)
     if first < 1 or first + count - 1 > metadata.num_segments:
@@ -417,6 +419,9 @@ def decode_segment_buffer(
             metadata.ledger_offsets[a : b + 1],
             metadata.ledgers,
             metadata.bitmaps,
+            np.unique(metadata.ledgers, return_inverse=True)[1].astype(np.int64)
+            if check_distinct
+            else None,
         )
     except ValueError as exc:
         raise SnapshotCorruptError(f"{name}: {exc}") from None
@@ -440,12 +445,21 @@ def decode_snapshot(data: bytes, name: str) -> tuple[SnapshotMetadata, SegmentLi
             f"{name}: object is {len(data)} bytes, its header says {header.total_bytes}"
         )
     meta_end = header.header_bytes + header.entry_lengths[0]
-    metadata = decode_metadata(bytes(data[header.header_bytes : meta_end]), name)
+    # Bitmaps are validated (counts and cross-segment duplicates) by the segment decode below,
+    # which parses each of them once.
+    metadata = decode_metadata(
+        bytes(data[header.header_bytes : meta_end]), name, check_bitmaps=False
+    )
     if header.num_segments != metadata.num_segments:
         raise SnapshotCorruptError(
             f"{name}: {header.num_segments} segment entries, metadata lists {metadata.num_segments}"
         )
     segments = decode_segment_buffer(
-        memoryview(data)[meta_end:], header.entry_lengths[1:], metadata, 1, name
+        memoryview(data)[meta_end:],
+        header.entry_lengths[1:],
+        metadata,
+        1,
+        name,
+        check_distinct=True,
     )
     return metadata, segments
