@@ -7,35 +7,81 @@ Each test takes the ``make`` fixture, which builds a tracker on a ManualClock; n
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from delayindex import (
+    DelayIndex,
     DelayIndexError,
+    FileStorage,
     InMemoryTracker,
     ManualClock,
+    MemoryStorage,
     Position,
     TrackerClosedError,
     TrackerConfig,
 )
+from delayindex.executors import InlineExecutor
 
 T0 = 1_000_000
 Factory = Callable[..., Any]
 
 
-def _in_memory(clock: ManualClock, **config: Any) -> InMemoryTracker:
+def _in_memory(clock: ManualClock, tmp_path: Path, **config: Any) -> InMemoryTracker:
     return InMemoryTracker(TrackerConfig(**config), clock=clock)
 
 
-@pytest.fixture(params=["in_memory"])
-def make(request: pytest.FixtureRequest, clock: ManualClock) -> Iterator[Factory]:
+def _delay_index(clock: ManualClock, tmp_path: Path, **config: Any) -> DelayIndex:
+    """Default bucket settings on MemoryStorage: mostly the mutable bucket."""
+    return DelayIndex.open(
+        MemoryStorage(), "contract", TrackerConfig(**config), clock=clock,
+        executor=InlineExecutor(),
+    )  # fmt: skip
+
+
+#: Bucket settings so small that every contract test seals, loads, merges and deletes.
+TINY = {
+    "min_index_count_per_bucket": 2,
+    "max_indexes_per_segment": 2,
+    "max_time_step_per_segment_ms": 50,
+    "max_num_buckets": 2,
+}
+
+
+def _delay_index_tiny(clock: ManualClock, tmp_path: Path, **config: Any) -> DelayIndex:
+    """Tiny buckets on FileStorage with the default background thread."""
+    return DelayIndex.open(
+        FileStorage(tmp_path / f"store-{len(list(tmp_path.iterdir()))}"), "contract",
+        TrackerConfig(**{**TINY, **config}), clock=clock,
+    )  # fmt: skip
+
+
+def _delay_index_tiny_inline(clock: ManualClock, tmp_path: Path, **config: Any) -> DelayIndex:
+    """Tiny buckets on MemoryStorage, background work run inline (deterministic)."""
+    return DelayIndex.open(
+        MemoryStorage(), "contract", TrackerConfig(**{**TINY, **config}), clock=clock,
+        executor=InlineExecutor(),
+    )  # fmt: skip
+
+
+KINDS: dict[str, Callable[..., Any]] = {
+    "in_memory": _in_memory,
+    "delay_index": _delay_index,
+    "delay_index_tiny": _delay_index_tiny,
+    "delay_index_tiny_inline": _delay_index_tiny_inline,
+}
+
+
+@pytest.fixture(params=sorted(KINDS))
+def make(request: pytest.FixtureRequest, clock: ManualClock, tmp_path: Path) -> Iterator[Factory]:
     """``make(**config)`` builds a tracker of each kind on the shared manual clock."""
     built: list[Any] = []
 
     def factory(**config: Any) -> Any:
-        tracker = {"in_memory": _in_memory}[request.param](clock, **config)
+        tracker = KINDS[request.param](clock, tmp_path, **config)
         built.append(tracker)
         return tracker
 
@@ -47,8 +93,12 @@ def make(request: pytest.FixtureRequest, clock: ManualClock) -> Iterator[Factory
 
 
 def check(tracker: Any) -> None:
-    """Run the core invariants."""
-    tracker._core._check()
+    """Run the invariants (DelayIndex also checks its bucket table against the manifest)."""
+    if isinstance(tracker, DelayIndex):
+        tracker.flush()
+        tracker._check()
+    else:
+        tracker._core._check()
 
 
 # -- add ----------------------------------------------------------------------------------------

@@ -17,12 +17,15 @@ from delayindex.model import Position
 from delayindex.storage import FileStorage, MemoryStorage
 from delayindex.timers import AsyncioTimer, ManualTimer, ThreadingTimer, Timer, TimerHandle
 from delayindex.tracker import InMemoryTracker
+from delayindex.tracker.delay_index import BucketInfo, DelayIndex
 
 __version__ = "0.1.0"
 
 __all__ = [
     "NATIVE",
     "AsyncioTimer",
+    "BucketInfo",
+    "DelayIndex",
     "DelayIndexError",
     "FileStorage",
     "InMemoryTracker",

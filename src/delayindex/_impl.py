@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from delayindex import clock as _pure_clock
+from delayindex._pure import bucket as _pure_bucket
 from delayindex._pure import codec as _pure_codec
 from delayindex._pure import core as _pure_core
 from delayindex._pure import heap as _pure_heap
@@ -22,6 +23,7 @@ _FORCED_PURE = os.environ.get("DELAYINDEX_NO_EXTENSIONS", "") not in ("", "0")
 
 PureTripleHeap = _pure_heap.TripleHeap
 PureTrackerCore = _pure_core.TrackerCore
+PureBucketCore = _pure_bucket.BucketCore
 pure_wall_clock_ms = _pure_clock.wall_clock_ms
 #: The codec kernels: each is a function of both ``_native`` and ``_pure.codec``.
 CODEC_KERNELS = (
@@ -61,6 +63,7 @@ def _load() -> tuple[ModuleType | None, bool]:
 
 
 if TYPE_CHECKING:
+    from delayindex._pure.bucket import BucketCore
     from delayindex._pure.codec import (
         decode_segments,
         murmur3_32,
@@ -80,10 +83,12 @@ else:
     if _module is not None:
         TripleHeap = _module.TripleHeap
         TrackerCore = _module.TrackerCore
+        BucketCore = getattr(_module, "BucketCore", PureBucketCore)
         wall_clock_ms = _module.wall_clock_ms
         _kernels = _module
     else:
         TripleHeap, TrackerCore = PureTripleHeap, PureTrackerCore
+        BucketCore = PureBucketCore
         wall_clock_ms = pure_wall_clock_ms
         _kernels = _pure_codec
     decode_segments = _kernels.decode_segments
@@ -97,6 +102,8 @@ else:
 
 __all__ = [
     "CODEC_KERNELS",
+    "BucketCore",
+    "PureBucketCore",
     "NATIVE",
     "PureTrackerCore",
     "PureTripleHeap",

@@ -1,4 +1,4 @@
-"""Trackers: the in-memory reference tracker (and, later, the bucket-based DelayIndex)."""
+"""Trackers: the in-memory reference tracker and the bucket-based DelayIndex."""
 
 from delayindex.tracker.in_memory import InMemoryTracker
 

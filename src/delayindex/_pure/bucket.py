@@ -1,0 +1,640 @@
+"""Pure-Python twin of the native ``BucketCore`` (see ``cython/delayindex/_bucket.pxi``).
+
+``BucketCore`` is the sans-IO state of :class:`~delayindex.DelayIndex`: every message it tracks
+is in exactly one of three kinds of *source*, and delivery is a k-way merge over them.
+
+* the **mutable** heap: the last mutable bucket (PIP-195), ledgers ``>=`` its end ledger;
+* the **direct** heap: non-monotonic adds (a ledger below the mutable bucket's end or inside a
+  sealed range, Pulsar #25371); never persisted, as in Pulsar;
+* **segment sources**, one per sealed bucket: a compact run of ``(time, ledger, entry)`` sorted
+  arrays with a cursor, plus an optional *placeholder*: the min deliver time of the bucket's
+  next unloaded segment. A small heap (``heads``) holds one key per segment source: its cursor's
+  triple, or ``(placeholder, -1, -1)`` once its arrays are used up. A placeholder at the head that
+  is due stops the merge and names the bucket in ``load_needed``; the driver loads the segment
+  and calls :meth:`set_source`. Because the next segment's indexes are ``>=`` the placeholder
+  in ``(time, ledger, entry)`` order, delivery stays globally ordered across buckets. A source
+  whose arrays are used up with no placeholder is *exhausted* (:meth:`take_exhausted`).
+
+The single dedup index is one roaring bitmap per ledger; ``len(core)`` is its cardinality. A
+copy of a position that is no longer tracked is skipped when it reaches the head ("dedup on
+pop"), so delivery, due re-adds (Pulsar #26230) and mark-delete only clear bits. Two sets keep
+re-tracking exact: ``stale`` holds positions untracked by a due re-add whose heap node may still
+exist (re-tracking purges that node first), and ``shadow`` holds positions tracked in the direct
+heap while their ledger lies in a sealed range: any segment copy of such a position is obsolete
+and skipped.
+
+Invariants (``_check``): count == bitmap cardinality; mutable, direct and segment sources hold
+only valid triples; every segment source's cursor is within its arrays; ``heads`` holds exactly
+one live key per segment source, equal to its current head or placeholder; mutable ledgers lie in
+the mutable range.
+"""
+
+from __future__ import annotations
+
+import heapq
+import sys
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from pyroaring import BitMap
+from sortedcontainers import SortedDict
+
+from delayindex._pure._ints import INT64_MAX, as_i64
+from delayindex._pure.heap import TripleHeap, _int64_column
+from delayindex.model import MAX_ENTRY_ID, Position
+
+Int64Array = npt.NDArray[np.int64]
+_BITMAP_OVERHEAD = 64
+#: ``add`` result codes.
+DELIVER, TRACKED, DUPLICATE, SEAL_FIRST = 0, 1, 2, 3
+
+
+def _check_ids(ledger: int, entry: int) -> None:
+    if ledger < 0:
+        raise ValueError(f"ledger_id must be >= 0, got {ledger}")
+    if not 0 <= entry <= MAX_ENTRY_ID:
+        raise ValueError(f"entry_id must be in [0, 2**32), got {entry}")
+
+
+class _Source:
+    __slots__ = ("entries", "ledgers", "next_time", "pos", "times")
+
+    def __init__(
+        self, times: Int64Array, ledgers: Int64Array, entries: Int64Array, next_time: int
+    ) -> None:
+        self.times = times.tolist()
+        self.ledgers = ledgers.tolist()
+        self.entries = entries.tolist()
+        self.pos = 0
+        self.next_time = next_time
+
+    def key(self) -> tuple[int, int, int] | None:
+        if self.pos < len(self.times):
+            p = self.pos
+            return (self.times[p], self.ledgers[p], self.entries[p])
+        if self.next_time >= 0:
+            return (self.next_time, -1, -1)
+        return None
+
+
+class BucketCore:
+    """Dedup index + mutable/direct heaps + segment-source merge (time passed in).
+
+    ``add`` returns 0 (deliver now), 1 (tracked), 2 (already tracked) or 3 (the mutable bucket
+    must be sealed first: call :meth:`seal`, register the bucket, then add again; nothing was
+    changed).
+    """
+
+    def __init__(
+        self,
+        tick_ms: int,
+        strict: bool,
+        fixed_delay_lookahead: int,
+        min_index_count_per_bucket: int,
+    ) -> None:
+        tick_ms = as_i64(tick_ms)
+        if tick_ms < 0:
+            raise ValueError(f"tick_ms must be >= 0, got {tick_ms}")
+        if as_i64(fixed_delay_lookahead) < 0:
+            raise ValueError("fixed_delay_lookahead must be >= 0")
+        if as_i64(min_index_count_per_bucket) < 1:
+            raise ValueError("min_index_count_per_bucket must be >= 1")
+        self._tick = tick_ms
+        self.strict = bool(strict)
+        self.fixed_delay_lookahead = int(fixed_delay_lookahead)
+        self.min_index_count = int(min_index_count_per_bucket)
+        self._index: dict[int, BitMap] = {}
+        self._count = 0
+        self._mutable = TripleHeap()
+        self._mutable_start = -1
+        self._mutable_end = -1
+        self._direct = TripleHeap()
+        self._stale: set[tuple[int, int]] = set()
+        self._shadow: set[tuple[int, int]] = set()
+        self._sources: dict[int, _Source] = {}
+        self._heads: list[tuple[int, int, int, int]] = []
+        self._ranges: SortedDict = SortedDict()  # start -> end of sealed buckets
+        self._max_sealed_end = -1
+        self._exhausted: list[int] = []
+        self.load_needed = -1
+        self._fixed_delay = True
+        self._highest = 0
+        self._n = dict.fromkeys(
+            ("add_calls", "added", "duplicates", "rejected", "untracked_on_due_add",
+             "delivered", "skipped_on_pop", "polls", "direct_adds"),
+            0,
+        )  # fmt: skip
+
+    # -- time -------------------------------------------------------------------------------
+
+    @property
+    def tick_ms(self) -> int:
+        """The tick used for the non-strict cutoff and fixed-delay detection."""
+        return self._tick
+
+    @tick_ms.setter
+    def tick_ms(self, value: int) -> None:
+        value = as_i64(value)
+        if value < 0:
+            raise ValueError(f"tick_ms must be >= 0, got {value}")
+        self._tick = value
+
+    def cutoff_for(self, now: int) -> int:
+        """The cutoff for ``now``: a message is due when deliver_at <= cutoff."""
+        now = as_i64(now)
+        return now if self.strict else min(now + self._tick, INT64_MAX)
+
+    # -- sealed ranges ----------------------------------------------------------------------
+
+    def add_range(self, start: int, end: int) -> None:
+        """Register a sealed bucket's ledger range (must not overlap a registered one)."""
+        if not 0 <= start <= end:
+            raise ValueError(f"bad range [{start}, {end}]")
+        at = self._ranges.bisect_right(end)
+        if at and self._ranges.peekitem(at - 1)[1] >= start:
+            raise ValueError(f"range [{start}, {end}] overlaps a sealed range")
+        self._ranges[start] = end
+        self._max_sealed_end = max(self._max_sealed_end, end)
+
+    def remove_range(self, start: int) -> None:
+        """Forget the sealed range starting at ``start``."""
+        del self._ranges[start]
+        self._max_sealed_end = self._ranges.peekitem(-1)[1] if self._ranges else -1
+
+    def in_sealed_range(self, ledger: int) -> bool:
+        """Whether ``ledger`` lies inside a registered sealed range."""
+        if ledger > self._max_sealed_end:
+            return False
+        at = self._ranges.bisect_right(ledger)
+        return bool(at) and self._ranges.peekitem(at - 1)[1] >= ledger
+
+    @property
+    def mutable_range(self) -> tuple[int, int]:
+        """``(start, end)`` ledgers of the last mutable bucket; ``(-1, -1)`` when reset."""
+        return (self._mutable_start, self._mutable_end)
+
+    @property
+    def mutable_size(self) -> int:
+        """Nodes in the mutable heap (stale ones included)."""
+        return len(self._mutable)
+
+    @property
+    def direct_size(self) -> int:
+        """Nodes in the direct heap (stale ones included)."""
+        return len(self._direct)
+
+    # -- index ------------------------------------------------------------------------------
+
+    def _untrack(self, ledger: int, entry: int) -> bool:
+        bm = self._index.get(ledger)
+        if bm is None or entry not in bm:
+            return False
+        bm.remove(entry)
+        self._count -= 1
+        if not bm:
+            del self._index[ledger]
+        return True
+
+    def restore(self, ledger: int, bitmap: BitMap) -> int:
+        """Track every entry of ``bitmap`` in ``ledger`` (recovery); return how many were new."""
+        bm = self._index.get(ledger)
+        if bm is None:
+            bm = self._index[ledger] = BitMap()
+        before = len(bm)
+        bm |= bitmap
+        added = len(bm) - before
+        self._count += added
+        if not bm:
+            del self._index[ledger]
+        return added
+
+    def index_bitmap(self, ledger: int) -> BitMap | None:
+        """The live bitmap of ``ledger`` (do not modify it), or None."""
+        return self._index.get(ledger)
+
+    def tracked_mask(self, ledgers: Int64Array, entries: Int64Array) -> npt.NDArray[np.bool_]:
+        """For each position, whether it is tracked."""
+        out = np.zeros(len(ledgers), dtype=np.bool_)
+        index = self._index
+        for i, (ledger, entry) in enumerate(zip(ledgers.tolist(), entries.tolist(), strict=True)):
+            bm = index.get(ledger)
+            out[i] = bm is not None and entry in bm
+        return out
+
+    def untrack_upto(self, ledger: int, entry: int) -> int:
+        """Untrack every position ``<= (ledger, entry)`` (mark-delete); return how many."""
+        removed = 0
+        for key in [k for k in self._index if k <= ledger]:
+            bm = self._index[key]
+            if key < ledger:
+                removed += len(bm)
+                del self._index[key]
+            else:
+                before = len(bm)
+                bm.remove_range(0, entry + 1)
+                removed += before - len(bm)
+                if not bm:
+                    del self._index[key]
+        self._count -= removed
+        if self._shadow:
+            self._shadow = {p for p in self._shadow if p > (ledger, entry)}
+        return removed
+
+    def untrack_ledgers(self, start: int, end: int) -> int:
+        """Untrack every position of ledgers ``start..end`` (a trimmed bucket); return how many."""
+        removed = 0
+        for key in [k for k in self._index if start <= k <= end]:
+            removed += len(self._index.pop(key))
+        self._count -= removed
+        return removed
+
+    # -- add --------------------------------------------------------------------------------
+
+    def _note_deliver_at(self, deliver_at: int) -> None:
+        if deliver_at < self._highest - self._tick:
+            self._fixed_delay = False
+        self._highest = max(self._highest, deliver_at)
+
+    def _add(self, ledger: int, entry: int, deliver_at: int, cutoff: int) -> int:
+        n = self._n
+        if deliver_at < 0 or deliver_at <= cutoff:
+            n["add_calls"] += 1
+            self._fixed_delay = False
+            n["rejected"] += 1
+            if self._count and self._untrack(ledger, entry):
+                n["untracked_on_due_add"] += 1
+                self._stale.add((ledger, entry))
+                self._shadow.discard((ledger, entry))
+            return DELIVER
+        bm = self._index.get(ledger)
+        if bm is not None and entry in bm:
+            n["add_calls"] += 1
+            n["duplicates"] += 1
+            self._note_deliver_at(deliver_at)
+            return DUPLICATE
+        sealed = self.in_sealed_range(ledger)
+        to_mutable = not sealed and ledger >= self._mutable_end
+        if to_mutable and ledger > self._mutable_end and len(self._mutable) >= self.min_index_count:
+            return SEAL_FIRST
+        n["add_calls"] += 1
+        if (ledger, entry) in self._stale:
+            self._mutable.remove(ledger, entry)
+            self._direct.remove(ledger, entry)
+            self._stale.discard((ledger, entry))
+        if to_mutable:
+            self._mutable.push(deliver_at, ledger, entry)
+            if self._mutable_start < 0:
+                self._mutable_start = ledger
+            self._mutable_end = ledger
+        else:
+            self._direct.push(deliver_at, ledger, entry)
+            n["direct_adds"] += 1
+            if sealed:
+                self._shadow.add((ledger, entry))
+        if bm is None:
+            bm = self._index[ledger] = BitMap()
+        bm.add(entry)
+        self._count += 1
+        n["added"] += 1
+        self._note_deliver_at(deliver_at)
+        return TRACKED
+
+    def add(self, ledger: int, entry: int, deliver_at: int, now: int) -> int:
+        """Track ``(ledger, entry)`` until ``deliver_at``; see the class doc for the result."""
+        ledger, entry, deliver_at = as_i64(ledger), as_i64(entry), as_i64(deliver_at)
+        cutoff = self.cutoff_for(now)
+        _check_ids(ledger, entry)
+        return self._add(ledger, entry, deliver_at, cutoff)
+
+    def add_many(
+        self,
+        ledgers: object,
+        entries: object,
+        deliver_ats: object,
+        now: int,
+        out: npt.NDArray[np.bool_],
+        start: int,
+    ) -> int:
+        """``add`` elements ``start..`` in order, writing ``out[i]`` (True = tracked).
+
+        Returns the index of the first element that needs a seal first (nothing done for it),
+        or the length when all were added. With ``start == 0`` everything is validated before
+        anything changes.
+        """
+        ls, es, ts = (_int64_column(a) for a in (ledgers, entries, deliver_ats))
+        if not len(ls) == len(es) == len(ts) == len(out):
+            raise ValueError(
+                f"add_many needs sequences of equal length, got {len(ls)}, {len(es)}, {len(ts)}"
+            )
+        cutoff = self.cutoff_for(now)
+        if start == 0:
+            bad = np.flatnonzero((ls < 0) | (es < 0) | (es > MAX_ENTRY_ID))
+            if len(bad):
+                i = int(bad[0])
+                raise ValueError(
+                    f"element {i}: bad position ({ls[i]}, {es[i]}); need "
+                    f"ledger_id >= 0 and 0 <= entry_id < 2**32"
+                )
+        lsl, esl, tsl = ls.tolist(), es.tolist(), ts.tolist()
+        for i in range(start, len(lsl)):
+            code = self._add(lsl[i], esl[i], tsl[i], cutoff)
+            if code == SEAL_FIRST:
+                return i
+            out[i] = code != DELIVER
+        return len(lsl)
+
+    # -- seal -------------------------------------------------------------------------------
+
+    def seal(self) -> tuple[Int64Array, Int64Array, Int64Array, int, int]:
+        """Empty the mutable bucket: its tracked indexes sorted by (time, ledger, entry).
+
+        Returns ``(times, ledgers, entries, start_ledger, end_ledger)`` and resets the mutable
+        range to ``(-1, -1)``. Stale nodes are dropped (they are not tracked).
+        """
+        t, lg, en = self._mutable.to_arrays()
+        start, end = self._mutable_start, self._mutable_end
+        self._mutable.clear()
+        self._mutable_start = self._mutable_end = -1
+        keep = self.tracked_mask(lg, en)
+        t, lg, en = t[keep], lg[keep], en[keep]
+        order = np.lexsort((en, lg, t))
+        return t[order], lg[order], en[order], start, end
+
+    # -- segment sources --------------------------------------------------------------------
+
+    def set_source(
+        self,
+        sid: int,
+        times: object,
+        ledgers: object,
+        entries: object,
+        next_time: int = -1,
+    ) -> None:
+        """Add or replace segment source ``sid``: sorted arrays, cursor 0, placeholder."""
+        t, lg, en = (_int64_column(a) for a in (times, ledgers, entries))
+        if not len(t) == len(lg) == len(en):
+            raise ValueError("source arrays differ in length")
+        if sid < 0:
+            raise ValueError("source ids are >= 0")
+        if sid in self._sources:
+            self.remove_source(sid)
+        src = _Source(t, lg, en, as_i64(next_time))
+        self._sources[sid] = src
+        key = src.key()
+        if key is None:
+            self._exhausted.append(sid)
+        else:
+            heapq.heappush(self._heads, (*key, sid))
+
+    def remove_source(self, sid: int) -> None:
+        """Drop segment source ``sid`` (its indexes stay tracked; nothing else changes)."""
+        self._sources.pop(sid, None)
+        if self.load_needed == sid:
+            self.load_needed = -1
+        self._exhausted = [s for s in self._exhausted if s != sid]
+        self._heads = [h for h in self._heads if h[3] != sid]
+        heapq.heapify(self._heads)
+
+    def source_cursor(self, sid: int) -> int:
+        """How many indexes of source ``sid``'s arrays were consumed."""
+        return self._sources[sid].pos
+
+    def source_length(self, sid: int) -> int:
+        """Indexes in source ``sid``'s arrays (consumed ones included)."""
+        return len(self._sources[sid].times)
+
+    def has_source(self, sid: int) -> bool:
+        """Whether ``sid`` is a segment source."""
+        return sid in self._sources
+
+    def source_ids(self) -> list[int]:
+        """Segment source ids, ascending."""
+        return sorted(self._sources)
+
+    def take_exhausted(self) -> list[int]:
+        """Ids of sources used up with no placeholder since the last call (then forgotten)."""
+        out, self._exhausted = self._exhausted, []
+        return [sid for sid in out if sid in self._sources]
+
+    # -- delivery ---------------------------------------------------------------------------
+
+    def _deliverable(self, ledger: int, entry: int) -> bool:
+        bm = self._index.get(ledger)
+        if bm is None or entry not in bm:
+            self._stale.discard((ledger, entry))
+            return False
+        bm.remove(entry)
+        return True
+
+    def _peek(self) -> tuple[tuple[int, int, int] | None, int]:
+        """The smallest key of any source, and where: 0 none, 1 mutable, 2 direct, 3 heads."""
+        heads = self._heads
+        while heads and heads[0][3] not in self._sources:
+            heapq.heappop(heads)
+        key: tuple[int, int, int] | None = None
+        best = 0
+        if self._mutable:
+            key, best = self._mutable.peek(), 1
+        if self._direct:
+            k = self._direct.peek()
+            if key is None or k < key:
+                key, best = k, 2
+        if heads:
+            h = heads[0]
+            if key is None or h[:3] < key:
+                key, best = h[:3], 3
+        return key, best
+
+    def _pop(self, best: int) -> tuple[int, int, bool]:
+        """Remove the smallest key (not a placeholder); return it and whether it is live.
+
+        A live key's position is tracked and this copy is the authoritative one.
+        """
+        if best == 3:
+            heads = self._heads
+            _, ledger, entry, sid = heads[0]
+            src = self._sources[sid]
+            src.pos += 1
+            nxt = src.key()
+            if nxt is None:
+                heapq.heappop(heads)
+                self._exhausted.append(sid)
+            else:
+                heapq.heapreplace(heads, (*nxt, sid))
+            if self._shadow and (ledger, entry) in self._shadow:
+                return ledger, entry, False  # the direct heap holds the authoritative copy
+        else:
+            _, ledger, entry = (self._mutable if best == 1 else self._direct).pop()
+            if best == 2 and self._shadow:
+                self._shadow.discard((ledger, entry))
+        bm = self._index.get(ledger)
+        if bm is None or entry not in bm:
+            self._stale.discard((ledger, entry))
+            return ledger, entry, False
+        return ledger, entry, True
+
+    def _purge(self) -> tuple[int, int, int] | None:
+        """Drop dead keys at the head; return the live head key (or a placeholder) or None."""
+        while True:
+            key, best = self._peek()
+            if key is None or key[1] < 0:
+                return key
+            bm = self._index.get(key[1])
+            if (
+                bm is not None
+                and key[2] in bm
+                and not (best == 3 and self._shadow and (key[1], key[2]) in self._shadow)
+            ):
+                return key
+            self._pop(best)
+            self._n["skipped_on_pop"] += 1
+
+    def poll(self, max_n: int, now: int) -> list[Position]:
+        """Remove up to ``max_n`` due positions, chosen in (time, ledger, entry) order.
+
+        Stops early at a due placeholder and sets :attr:`load_needed` to its source. Returns
+        the positions sorted by position.
+        """
+        max_n = as_i64(max_n)
+        cutoff = self.cutoff_for(now)
+        self._n["polls"] += 1
+        self.load_needed = -1
+        out: list[Position] = []
+        if max_n <= 0:
+            return out
+        skipped = 0
+        while len(out) < max_n:
+            key, best = self._peek()
+            if key is None or key[0] > cutoff:
+                break
+            if key[1] < 0:  # a due placeholder: the next segment must be loaded first
+                self.load_needed = self._heads[0][3]
+                break
+            ledger, entry, live = self._pop(best)
+            if live:
+                bm = self._index[ledger]
+                bm.remove(entry)
+                if not bm:
+                    del self._index[ledger]
+                out.append(Position(ledger, entry))
+            else:
+                skipped += 1
+        self._count -= len(out)
+        self._n["delivered"] += len(out)
+        self._n["skipped_on_pop"] += skipped
+        if self._count == 0:  # emptied: fixed-delay detection starts over
+            self._fixed_delay = True
+            self._highest = 0
+        out.sort()
+        return out
+
+    def _head_key(self) -> tuple[int, int, int] | None:
+        return self._purge()
+
+    def has_due(self, now: int) -> bool:
+        """Whether the smallest loaded key (or a placeholder) is due at ``now``."""
+        key = self._head_key()
+        return key is not None and key[0] <= self.cutoff_for(now)
+
+    def next_time(self) -> int | None:
+        """The smallest deliver time among loaded indexes and placeholders, or None."""
+        key = self._head_key()
+        return None if key is None else key[0]
+
+    def should_pause(self, now: int) -> bool:
+        """Pulsar's fixed-delay detection: pause reads while delays look fixed and none is due."""
+        return (
+            self.fixed_delay_lookahead > 0
+            and self._fixed_delay
+            and self._count >= self.fixed_delay_lookahead
+            and not self.has_due(now)
+        )
+
+    def contains(self, ledger: int, entry: int) -> bool:
+        """Whether ``(ledger, entry)`` is tracked and not yet delivered."""
+        ledger, entry = as_i64(ledger), as_i64(entry)
+        _check_ids(ledger, entry)
+        bm = self._index.get(ledger)
+        return bm is not None and entry in bm
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def loaded(self) -> int:
+        """Indexes held in memory by the sources (consumed ones excluded)."""
+        return (
+            len(self._mutable)
+            + len(self._direct)
+            + sum(len(s.times) - s.pos for s in self._sources.values())
+        )
+
+    def clear(self) -> None:
+        """Drop everything: index, heaps, sources, ranges; reset fixed-delay detection."""
+        self._index.clear()
+        self._count = 0
+        self._mutable.clear()
+        self._direct.clear()
+        self._mutable_start = self._mutable_end = -1
+        self._stale.clear()
+        self._shadow.clear()
+        self._sources.clear()
+        self._heads.clear()
+        self._ranges.clear()
+        self._max_sealed_end = -1
+        self._exhausted.clear()
+        self.load_needed = -1
+        self._fixed_delay = True
+        self._highest = 0
+
+    def memory_bytes(self) -> int:
+        """Resident estimate: heaps + source arrays (24 B per index) + bitmaps + containers."""
+        total = self._mutable.nbytes + self._direct.nbytes
+        total += sum(24 * len(s.times) for s in self._sources.values())
+        total += sys.getsizeof(self._index) + sys.getsizeof(self._stale)
+        total += sys.getsizeof(self._shadow) + sys.getsizeof(self._heads)
+        total += sum(bm.get_statistics()["n_bytes_array_containers"] + bm.get_statistics()[
+            "n_bytes_bitset_containers"] + bm.get_statistics()["n_bytes_run_containers"]
+            + _BITMAP_OVERHEAD for bm in self._index.values())  # fmt: skip
+        return total
+
+    def counters(self) -> dict[str, Any]:
+        """Operation counters and gauges."""
+        return {
+            "tracked": self._count,
+            "mutable_nodes": len(self._mutable),
+            "direct_nodes": len(self._direct),
+            "segment_sources": len(self._sources),
+            "loaded": self.loaded,
+            "stale_nodes": len(self._stale),
+            "shadowed": len(self._shadow),
+            "bitmaps": len(self._index),
+            **self._n,
+            "fixed_delay": self._fixed_delay,
+            "highest_deliver_at": self._highest,
+        }
+
+    def _check(self) -> None:
+        """Assert the invariants listed in the module docstring."""
+        self._mutable._check()
+        self._direct._check()
+        cardinality = sum(len(bm) for bm in self._index.values())
+        if cardinality != self._count:
+            raise AssertionError(f"count {self._count} != bitmap cardinality {cardinality}")
+        if any(not bm for bm in self._index.values()):
+            raise AssertionError("an empty bitmap is kept in the index")
+        _, ls, _ = self._mutable.to_arrays()
+        if len(ls) and not (self._mutable_start <= ls.min() and ls.max() <= self._mutable_end):
+            raise AssertionError("a mutable node lies outside the mutable range")
+        live = {h[3] for h in self._heads if h[3] in self._sources}
+        for sid, src in self._sources.items():
+            if not 0 <= src.pos <= len(src.times):
+                raise AssertionError(f"source {sid}: cursor {src.pos} out of range")
+            key = src.key()
+            if key is not None and (*key, sid) not in self._heads:
+                raise AssertionError(f"source {sid}: head {key} missing from heads")
+            if key is None and sid in live:
+                raise AssertionError(f"source {sid} is used up but still in heads")
+        if len([h for h in self._heads if h[3] in self._sources]) != len(live):
+            raise AssertionError("a source has two keys in heads")

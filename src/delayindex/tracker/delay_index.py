@@ -1,0 +1,1099 @@
+"""DelayIndex: the bucket-based tracker (PIP-195), joined to storage, a clock and a thread.
+
+How it works. The state lives in a ``BucketCore`` (native or pure, see ``delayindex._impl``):
+one dedup index, the last mutable bucket's heap, a direct heap for non-monotonic ledgers, and
+one *segment source* per sealed bucket, merged by a small heap of heads. This module is the
+driver that joins the core to a :class:`~delayindex.storage.catalog.Catalog` (two-phase
+snapshot creation and deletion), a clock, a timer and a background executor:
+
+* **Seal** (inline, cheap): when ``add`` meets a strictly newer ledger while the mutable bucket
+  holds ``min_index_count_per_bucket`` indexes, the core hands back its indexes sorted, and they
+  become one in-memory segment source. Cutting, encoding and the I/O run on the executor. When
+  the snapshot is durable, the source is cut down to the bucket's current segment and a
+  *placeholder* (the next segment's min deliver time) stands for the rest. If the create fails
+  after its retries, the bucket stays in memory ("memory mode"), deliverable and counted as
+  unpersisted.
+* **Load**: ``poll`` stops at a due placeholder; the driver reads that one segment (the only
+  load in flight, under the lock) and resumes. A failed load changes nothing; the next ``poll``
+  retries it.
+* **Merge**: when more than ``max_num_buckets`` buckets are sealed, up to four adjacent durable
+  buckets with unloaded segments and the fewest messages are merged on the executor: all their
+  segments are read, filtered to still-tracked positions, re-cut and written; the sources stay
+  live until the merged snapshot is durable (one manifest commit swaps them), so a failed merge
+  changes nothing.
+* **Trim and delete**: ``set_mark_delete`` untracks positions at or below the mark; buckets
+  wholly below the mark ledger whose create succeeded are deleted, as are exhausted buckets
+  (their last segment consumed), through the catalog's two-phase delete.
+* **Recovery** (:meth:`DelayIndex.open`): the catalog repairs the manifest's intents; each live
+  bucket's metadata is read, fully due segments are skipped, the bitmaps of the rest restored and
+  its first live segment loaded. Everything is read before anything is installed, so a corrupt
+  snapshot raises :class:`~delayindex.errors.RecoveryError` having changed nothing.
+
+Threads: one lock guards the core and the bucket table. Background jobs do their I/O without it
+and take it only to install results. Jobs are queued while the lock is held and submitted after
+it is released, so an inline executor cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import numpy as np
+import numpy.typing as npt
+from pyroaring import BitMap
+
+from delayindex import _impl
+from delayindex.clock import Clock
+from delayindex.config import TrackerConfig
+from delayindex.errors import (
+    ManifestConflictError,
+    RecoveryError,
+    SnapshotCorruptError,
+    SnapshotNotFoundError,
+    StorageError,
+    TrackerClosedError,
+)
+from delayindex.model import MAX_ENTRY_ID, MAX_TIME, Position
+from delayindex.snapshot.format import SnapshotMetadata, build_snapshot
+from delayindex.storage.base import SnapshotStorage
+from delayindex.storage.catalog import Catalog
+from delayindex.storage.manifest import BucketRecord
+from delayindex.timers import ArmingRule, Timer
+from delayindex.tracker.in_memory import _diagnose, as_int64_array
+
+_log = logging.getLogger(__name__)
+_DEFAULT_CONFIG = TrackerConfig()
+#: Most buckets one merge combines (Pulsar's MAX_MERGE_NUM).
+MAX_MERGE_NUM = 4
+_SEAL_FIRST = 3
+Int64Array = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class BucketInfo:
+    """One sealed bucket, as :meth:`DelayIndex.buckets` reports it.
+
+    ``state`` is ``"creating"`` (snapshot being written), ``"durable"`` (snapshot live in the
+    manifest), ``"memory"`` (create failed; held in memory) or ``"merging"`` (durable, being
+    merged). ``loaded_segment`` is the 1-based segment held in memory (0 while the whole bucket
+    is in memory); ``num_messages`` counts the indexes written to the snapshot.
+    """
+
+    start_ledger: int
+    end_ledger: int
+    num_segments: int
+    loaded_segment: int
+    num_messages: int
+    snapshot_id: str | None
+    snapshot_bytes: int
+    state: str
+
+
+class _Bucket:
+    """Driver-side record of a sealed bucket (the core knows it only as a source id)."""
+
+    __slots__ = (
+        "bounds", "current", "end", "exhausted", "maxs", "merging", "mins", "num_messages",
+        "sid", "snapshot_bytes", "snapshot_id", "start", "state",
+    )  # fmt: skip
+
+    def __init__(self, sid: int, start: int, end: int, num_messages: int) -> None:
+        self.sid = sid
+        self.start = start
+        self.end = end
+        self.state = "creating"
+        self.snapshot_id: str | None = None
+        self.snapshot_bytes = 0
+        self.num_messages = num_messages
+        self.current = 0  # 1-based segment in memory; 0: all of it is in memory
+        self.mins: Int64Array = np.empty(0, dtype=np.int64)
+        self.maxs: Int64Array = np.empty(0, dtype=np.int64)
+        self.bounds: list[int] = []  # cumulative index counts per segment
+        self.merging = False
+        self.exhausted = False
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.mins)
+
+    def has_unloaded(self) -> bool:
+        return self.state == "durable" and self.current < self.num_segments
+
+    def next_time(self, segment: int) -> int:
+        """Min deliver time of 1-based ``segment + 1`` (-1 when there is none)."""
+        return int(self.mins[segment]) if segment < self.num_segments else -1
+
+    def info(self) -> BucketInfo:
+        state = "merging" if self.merging else self.state
+        return BucketInfo(
+            self.start, self.end, self.num_segments, self.current, self.num_messages,
+            self.snapshot_id, self.snapshot_bytes, state,
+        )  # fmt: skip
+
+
+class _OpStats:
+    """Counts and latencies of one kind of storage operation."""
+
+    __slots__ = ("failed", "max_ms", "succeeded", "total_ms")
+
+    def __init__(self) -> None:
+        self.succeeded = 0
+        self.failed = 0
+        self.total_ms = 0.0
+        self.max_ms = 0.0
+
+    def record(self, ok: bool, started: float) -> None:
+        elapsed = (time.perf_counter() - started) * 1000.0
+        if ok:
+            self.succeeded += 1
+        else:
+            self.failed += 1
+        self.total_ms += elapsed
+        self.max_ms = max(self.max_ms, elapsed)
+
+    def as_dict(self) -> dict[str, float | int]:
+        n = self.succeeded + self.failed
+        return {
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "mean_ms": self.total_ms / n if n else 0.0,
+            "max_ms": self.max_ms,
+        }
+
+
+def select_merge_window(
+    candidates: list[tuple[bool, int, int]], merge_num: int = MAX_MERGE_NUM
+) -> tuple[int, int] | None:
+    """Choose adjacent buckets to merge (Pulsar's ``selectMergedBuckets`` with #26242's fixes).
+
+    ``candidates`` lists every sealed bucket in ledger order as ``(eligible, num_messages,
+    next_segment_time)``. Returns ``(first, count)`` of the window of ``count`` adjacent
+    eligible buckets with the fewest messages (ties: the earliest next-segment time, then the
+    leftmost), trying 4, then 3, then 2 buckets; None when no two adjacent buckets qualify.
+    """
+    actual = min(merge_num, len(candidates))
+    while actual >= 2:
+        best: tuple[int, int, int] | None = None
+        for i in range(len(candidates) - actual + 1):
+            window = candidates[i : i + actual]
+            if all(c[0] for c in window):
+                key = (sum(c[1] for c in window), min(c[2] for c in window), i)
+                if best is None or key < best:
+                    best = key
+        if best is not None:
+            return best[2], actual
+        actual -= 1
+    return None
+
+
+def resolve_overlaps(
+    records: list[BucketRecord],
+) -> tuple[list[BucketRecord], list[BucketRecord]]:
+    """Resolve overlapping bucket ranges (a crashed merge in Pulsar's layout): keep, drop.
+
+    A bucket whose full range encloses an overlapping one wins (the merge result beats its
+    sources); overlapping buckets where neither encloses the other are both kept out of the
+    way of each other by keeping the first seen and dropping the later (it is reported).
+    Ranges are compared whole, never clipped (Pulsar #26240/#26241).
+    """
+    kept: list[BucketRecord] = []
+    dropped: list[BucketRecord] = []
+    for record in sorted(records, key=lambda r: (r.start_ledger, -r.end_ledger)):
+        clash = [
+            k for k in kept
+            if k.start_ledger <= record.end_ledger and record.start_ledger <= k.end_ledger
+        ]  # fmt: skip
+        if not clash:
+            kept.append(record)
+        elif all(
+            record.start_ledger <= k.start_ledger and k.end_ledger <= record.end_ledger
+            for k in clash
+        ):
+            for k in clash:
+                kept.remove(k)
+                dropped.append(k)
+            kept.append(record)
+        else:
+            dropped.append(record)
+    kept.sort(key=lambda r: r.start_ledger)
+    return kept, dropped
+
+
+class DelayIndex:
+    """Bucket-based delayed-message tracker (PIP-195) over a :class:`SnapshotStorage`.
+
+    Build it with :meth:`open`. See the module documentation for how it works, and
+    :class:`~delayindex.InMemoryTracker` for the shared method contract.
+    """
+
+    def __init__(self, _catalog: Catalog, _token: object, **kwargs: Any) -> None:
+        """Internal: use :meth:`DelayIndex.open`."""
+        if _token is not _OPEN_TOKEN:
+            raise TypeError("use DelayIndex.open(storage, name, ...) to create a DelayIndex")
+        config: TrackerConfig = kwargs["config"]
+        self._config = config
+        self._catalog = _catalog
+        self._storage: SnapshotStorage = kwargs["storage"]
+        self._name: str = _catalog.name
+        self._clock: Clock = kwargs["clock"]
+        self._core: Any = _impl.BucketCore(
+            config.tick_ms,
+            config.strict,
+            config.fixed_delay_lookahead,
+            config.min_index_count_per_bucket,
+        )
+        self._lock = threading.Lock()
+        timer: Timer | None = kwargs["timer"]
+        self._arming = ArmingRule(timer, self._on_timer) if timer is not None else None
+        self._on_ready: Callable[[], object] | None = kwargs["on_ready"]
+        executor: Executor | None = kwargs["executor"]
+        self._owns_executor = executor is None
+        self._executor: Executor = executor or ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"delayindex-{self._name}"
+        )
+        self._buckets: dict[int, _Bucket] = {}
+        self._next_sid = 0
+        self._queued: list[Callable[[], None]] = []
+        self._inflight: set[Future[None]] = set()
+        self._inflight_lock = threading.Lock()
+        self._merge_in_flight = False
+        self._mark: tuple[int, int] | None = None
+        self._epoch = 0
+        self._closed = False
+        self._warnings: list[str] = []
+        self._ops = {k: _OpStats() for k in ("create", "load", "delete", "merge", "recover")}
+
+    # -- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        storage: SnapshotStorage,
+        name: str,
+        config: TrackerConfig = _DEFAULT_CONFIG,
+        *,
+        clock: Clock | None = None,
+        timer: Timer | None = None,
+        on_ready: Callable[[], object] | None = None,
+        executor: Executor | None = None,
+    ) -> DelayIndex:
+        """Open (and recover) the index ``name`` in ``storage``.
+
+        Recovery: the manifest's intents are finished or rolled back; for each live bucket the
+        fully due segments are skipped, the bitmaps of the others restored and the first live
+        segment loaded. Buckets with nothing left to deliver are deleted; a bucket whose
+        snapshot is missing is dropped with a warning in :meth:`stats`.
+
+        Args:
+            storage: where snapshots and the manifest live (``FileStorage``, ``MemoryStorage``).
+            name: the index name (letters, digits, ``._-``); one writer per name.
+            config: tracker settings.
+            clock: zero-argument callable returning epoch ms (default: wall clock).
+            timer: optional timer armed by Pulsar's rule; ``on_ready()`` is called when it fires.
+            on_ready: called without the lock held when armed messages may be due.
+            executor: runs snapshot writes, merges and deletes (default: one private thread).
+
+        Raises:
+            RecoveryError: a snapshot is corrupt or unreadable; it is named, nothing is deleted.
+            StoreLockedError: another writer holds ``name``.
+            TypeError, ValueError: bad arguments.
+        """
+        if not isinstance(config, TrackerConfig):
+            raise TypeError(f"config must be a TrackerConfig, got {type(config).__name__}")
+        if clock is not None and not callable(clock):
+            raise TypeError("clock must be a zero-argument callable returning epoch ms")
+        if on_ready is not None and not callable(on_ready):
+            raise TypeError("on_ready must be callable")
+        if executor is not None and not callable(getattr(executor, "submit", None)):
+            raise TypeError("executor must be a concurrent.futures.Executor")
+        the_clock: Clock = clock if clock is not None else _impl.wall_clock_ms
+        try:
+            catalog = Catalog.open(
+                storage,
+                name,
+                clock=the_clock,
+                max_delete_attempts=config.max_delete_attempts,
+                delete_retry_delay_ms=config.delete_retry_delay_ms,
+            )
+        except (SnapshotCorruptError, StorageError, ManifestConflictError) as exc:
+            raise RecoveryError(f"could not open the manifest of {name!r}: {exc}") from exc
+        try:
+            index = cls(
+                catalog,
+                _OPEN_TOKEN,
+                config=config,
+                storage=storage,
+                clock=the_clock,
+                timer=timer,
+                on_ready=on_ready,
+                executor=executor,
+            )
+        except BaseException:
+            catalog.close()
+            raise
+        try:
+            index._recover()
+        except BaseException:
+            index._shutdown_executor()
+            catalog.close()
+            raise
+        index._submit_queued()
+        return index
+
+    def _recover(self) -> None:
+        started = time.perf_counter()
+        report = self._catalog.repair_report
+        for snapshot_id in report.pending_deletes:
+            self._warnings.append(f"delete of {snapshot_id!r} still pending after repair")
+        records, overlapping = resolve_overlaps(self._catalog.buckets())
+        now = self._now()
+        cutoff = self._core.cutoff_for(now)
+        loaded: list[tuple[BucketRecord, SnapshotMetadata, int, Any]] = []
+        drop: list[str] = [r.snapshot_id for r in overlapping]
+        for record in records:
+            sid_name = record.snapshot_id
+            try:
+                metadata = self._storage.get_metadata(sid_name)
+                first = metadata.first_live_segment(cutoff)
+                if first is None:
+                    drop.append(sid_name)  # every index is due: the dispatcher delivers them
+                    continue
+                segment = self._storage.get_segments(sid_name, first, first)[0]
+            except SnapshotNotFoundError:
+                message = (
+                    f"snapshot {sid_name!r} of bucket [{record.start_ledger}, "
+                    f"{record.end_ledger}] is missing; the bucket was dropped"
+                )
+                self._warnings.append(message)
+                _log.warning("%s: %s", self._name, message)
+                drop.append(sid_name)
+                continue
+            except (SnapshotCorruptError, StorageError) as exc:
+                self._ops["recover"].record(False, started)
+                raise RecoveryError(
+                    f"cannot recover {self._name!r}: snapshot {sid_name!r} "
+                    f"(bucket [{record.start_ledger}, {record.end_ledger}]): {exc}"
+                ) from exc
+            loaded.append((record, metadata, first, segment))
+        core = self._core
+        for record, metadata, first, segment in loaded:
+            for ledger, bitmap in metadata.ledger_bitmaps(first).items():
+                core.restore(ledger, bitmap)
+            bucket = self._new_bucket(record.start_ledger, record.end_ledger, 0)
+            self._make_durable(bucket, record, metadata)
+            bucket.current = first
+            core.add_range(bucket.start, bucket.end)
+            core.set_source(
+                bucket.sid, segment.times, segment.ledgers, segment.entries,
+                bucket.next_time(first),
+            )  # fmt: skip
+        for snapshot_id in drop:
+            self._queue(lambda s=snapshot_id: self._delete_job(s))  # type: ignore[misc]
+        self._ops["recover"].record(True, started)
+
+    # -- small helpers --------------------------------------------------------------------------
+
+    def _now(self) -> int:
+        now = self._clock()
+        if type(now) is not int and (isinstance(now, bool) or not isinstance(now, int)):
+            raise TypeError(f"clock() must return int epoch ms, got {type(now).__name__}")
+        return now
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TrackerClosedError(f"DelayIndex {self._name!r} is closed")
+
+    def _new_bucket(self, start: int, end: int, num_messages: int) -> _Bucket:
+        bucket = _Bucket(self._next_sid, start, end, num_messages)
+        self._next_sid += 1
+        self._buckets[bucket.sid] = bucket
+        return bucket
+
+    @staticmethod
+    def _make_durable(bucket: _Bucket, record: BucketRecord, metadata: SnapshotMetadata) -> None:
+        bucket.state = "durable"
+        bucket.snapshot_id = record.snapshot_id
+        bucket.snapshot_bytes = record.snapshot_bytes
+        bucket.num_messages = record.num_messages
+        bucket.mins = np.array(metadata.mins, dtype=np.int64)
+        bucket.maxs = np.array(metadata.maxs, dtype=np.int64)
+        bucket.bounds = np.cumsum(metadata.counts).tolist()
+
+    def _queue(self, job: Callable[[], None]) -> None:
+        """Queue a background job; it is submitted once the lock is released."""
+        self._queued.append(job)
+
+    def _submit_queued(self) -> None:
+        while self._queued:
+            jobs, self._queued = self._queued, []
+            for job in jobs:
+                self._submit(job)
+
+    def _submit(self, job: Callable[[], None]) -> None:
+        def run() -> None:
+            try:
+                job()
+            except Exception:  # a bug: log it, never kill the executor thread silently
+                _log.exception("delayindex %s: background job failed", self._name)
+            finally:
+                self._submit_queued_from_job()
+
+        try:
+            future = self._executor.submit(run)
+        except RuntimeError:  # executor shut down (closing): run inline
+            run()
+            return
+        with self._inflight_lock:
+            if not future.done():
+                self._inflight.add(future)
+        future.add_done_callback(self._forget_future)
+
+    def _forget_future(self, future: Future[None]) -> None:
+        with self._inflight_lock:
+            self._inflight.discard(future)
+
+    def _submit_queued_from_job(self) -> None:
+        with self._lock:
+            jobs, self._queued = self._queued, []
+        for job in jobs:
+            self._submit(job)
+
+    def _rearm(self, now: int) -> None:
+        if self._arming is not None:
+            self._arming.update(self._core.next_time(), now, self._core.tick_ms)
+
+    def _on_timer(self, token: int) -> None:
+        with self._lock:
+            if self._arming is None or not self._arming.accept_fire(token, self._now()):
+                return
+        if self._on_ready is not None:
+            self._on_ready()
+
+    # -- adding -----------------------------------------------------------------------------------
+
+    def add(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
+        """Track a message until ``deliver_at`` (epoch ms); see InMemoryTracker.add.
+
+        True: tracked (do not deliver yet). False: deliver now (not delayed, or due; a due re-add
+        of a tracked position untracks it). Sealing the mutable bucket happens here when a newer
+        ledger arrives; only its cheap part runs inline.
+
+        Raises:
+            ValueError: an id is out of range. TypeError: an argument is not an int.
+            TrackerClosedError: the index is closed.
+        """
+        with self._lock:
+            self._check_open()
+            now = self._clock()
+            try:
+                code = self._core.add(ledger_id, entry_id, deliver_at, now)
+                if code == _SEAL_FIRST:
+                    self._seal()
+                    code = self._core.add(ledger_id, entry_id, deliver_at, now)
+            except (TypeError, OverflowError):
+                _diagnose(ledger_id=ledger_id, entry_id=entry_id, deliver_at=deliver_at)
+                self._now()
+                raise
+            arming = self._arming
+            if (
+                code == 1
+                and arming is not None
+                and (arming.target < 0 or deliver_at < arming.target)
+            ):
+                arming.update(self._core.next_time(), now, self._core.tick_ms)
+        if self._queued:
+            self._submit_queued()
+        return bool(code != 0)
+
+    def add_many(
+        self, ledger_ids: object, entry_ids: object, deliver_ats: object
+    ) -> npt.NDArray[np.bool_]:
+        """:meth:`add` each element in order; sequences or int64 arrays of equal length.
+
+        Everything is validated before anything changes. Returns a bool array (True = tracked).
+
+        Raises:
+            ValueError: lengths differ, an id is out of range, or a value does not fit int64.
+            TypeError: a value is not an integer.
+        """
+        ledgers = as_int64_array(ledger_ids, "ledger_ids")
+        entries = as_int64_array(entry_ids, "entry_ids")
+        deliver = as_int64_array(deliver_ats, "deliver_ats")
+        if not len(ledgers) == len(entries) == len(deliver):
+            raise ValueError(
+                f"add_many needs sequences of equal length, got {len(ledgers)}, "
+                f"{len(entries)}, {len(deliver)}"
+            )
+        out = np.zeros(len(ledgers), dtype=np.bool_)
+        with self._lock:
+            self._check_open()
+            now = self._now()
+            start = 0
+            while True:
+                stop = self._core.add_many(ledgers, entries, deliver, now, out, start)
+                if stop >= len(ledgers):
+                    break
+                self._seal()
+                start = stop
+            if self._arming is not None and len(out):
+                self._rearm(now)
+        if self._queued:
+            self._submit_queued()
+        return out
+
+    def _seal(self) -> None:
+        """Seal the mutable bucket (lock held): the inline part; persistence is queued."""
+        times, ledgers, entries, start, end = self._core.seal()
+        if len(times) == 0:
+            return
+        bucket = self._new_bucket(start, end, len(times))
+        self._core.add_range(start, end)
+        self._core.set_source(bucket.sid, times, ledgers, entries, -1)
+        epoch = self._epoch
+        self._queue(lambda: self._create_job(bucket, times, ledgers, entries, epoch))
+        self._maybe_merge()
+
+    # -- background jobs ---------------------------------------------------------------------------
+
+    def _build(
+        self, times: Int64Array, ledgers: Int64Array, entries: Int64Array, start: int, end: int
+    ) -> tuple[SnapshotMetadata, list[Any]]:
+        return build_snapshot(
+            times,
+            ledgers,
+            entries,
+            max_time_step_ms=self._config.max_time_step_per_segment_ms,
+            max_indexes_per_segment=self._config.max_indexes_per_segment,
+            start_ledger=start,
+            end_ledger=end,
+        )
+
+    def _create_job(
+        self,
+        bucket: _Bucket,
+        times: Int64Array,
+        ledgers: Int64Array,
+        entries: Int64Array,
+        epoch: int,
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            metadata, segments = self._build(times, ledgers, entries, bucket.start, bucket.end)
+            record = self._catalog.create_bucket(metadata, segments)
+        except (StorageError, ManifestConflictError, SnapshotCorruptError, ValueError) as exc:
+            with self._lock:
+                self._ops["create"].record(False, started)
+                self._warnings.append(
+                    f"create of bucket [{bucket.start}, {bucket.end}] failed; kept in memory: {exc}"
+                )
+                if self._buckets.get(bucket.sid) is bucket:
+                    bucket.state = "memory"
+                    if bucket.exhausted:
+                        self._drop_bucket(bucket)
+            return
+        with self._lock:
+            self._ops["create"].record(True, started)
+            if self._closed or epoch != self._epoch or self._buckets.get(bucket.sid) is not bucket:
+                # Cleared (or trimmed away) while being written: the snapshot is garbage.
+                self._queue(lambda: self._delete_job(record.snapshot_id))
+                return
+            self._make_durable(bucket, record, metadata)
+            self._settle(bucket, times, ledgers, entries)
+
+    def _settle(
+        self, bucket: _Bucket, times: Int64Array, ledgers: Int64Array, entries: Int64Array
+    ) -> None:
+        """A durable bucket whose data is all in memory: keep only its current segment."""
+        core = self._core
+        if bucket.exhausted or not core.has_source(bucket.sid):
+            self._retire(bucket)
+            return
+        cursor = core.source_cursor(bucket.sid)
+        if cursor >= len(times):
+            self._retire(bucket)
+            return
+        k = bisect.bisect_right(bucket.bounds, cursor)  # 0-based segment holding the cursor
+        stop = bucket.bounds[k]
+        core.set_source(
+            bucket.sid, times[cursor:stop].copy(), ledgers[cursor:stop].copy(),
+            entries[cursor:stop].copy(), bucket.next_time(k + 1),
+        )  # fmt: skip
+        bucket.current = k + 1
+        if self._mark is not None and bucket.end < self._mark[0]:
+            self._retire(bucket)
+            return
+        self._maybe_merge()
+
+    def _retire(self, bucket: _Bucket) -> None:
+        """Drop a durable bucket from memory and queue its two-phase delete (lock held)."""
+        snapshot_id = bucket.snapshot_id
+        self._drop_bucket(bucket)
+        if snapshot_id is not None:
+            self._queue(lambda: self._delete_job(snapshot_id))
+
+    def _drop_bucket(self, bucket: _Bucket) -> None:
+        core = self._core
+        if self._buckets.pop(bucket.sid, None) is None:
+            return
+        core.remove_source(bucket.sid)
+        core.remove_range(bucket.start)
+
+    def _delete_job(self, snapshot_id: str) -> None:
+        started = time.perf_counter()
+        try:
+            if self._catalog.manifest.bucket(snapshot_id) is not None:
+                done = self._catalog.delete_bucket(snapshot_id)
+            else:  # not live: finish a pending delete intent, if any
+                self._catalog.retry_pending_deletes(force=True)
+                done = self._catalog.manifest.intent(snapshot_id) is None
+        except (StorageError, ManifestConflictError, ValueError) as exc:
+            done = False
+            with self._lock:
+                self._warnings.append(f"delete of {snapshot_id!r} failed: {exc}")
+        with self._lock:
+            self._ops["delete"].record(done, started)
+
+    def _maybe_merge(self) -> None:
+        """Start a merge if there are too many sealed buckets (lock held)."""
+        limit = self._config.max_num_buckets
+        if limit <= 0 or self._merge_in_flight or len(self._buckets) <= limit:
+            return
+        ordered = sorted(self._buckets.values(), key=lambda b: b.start)
+        candidates = [
+            (
+                b.has_unloaded() and not b.merging and not b.exhausted,
+                b.num_messages,
+                b.next_time(b.current) if b.has_unloaded() else MAX_TIME,
+            )
+            for b in ordered
+        ]
+        chosen = select_merge_window(candidates)
+        if chosen is None:
+            return
+        first, count = chosen
+        sources = ordered[first : first + count]
+        for b in sources:
+            b.merging = True
+        self._merge_in_flight = True
+        epoch = self._epoch
+        self._queue(lambda: self._merge_job(sources, epoch))
+
+    def _merge_job(self, sources: list[_Bucket], epoch: int) -> None:
+        started = time.perf_counter()
+        record: BucketRecord | None = None
+        try:
+            parts = []
+            for b in sources:
+                assert b.snapshot_id is not None
+                segments = self._storage.get_segments(b.snapshot_id, 1, b.num_segments)
+                parts.extend(segments)
+            times = np.concatenate([s.times for s in parts])
+            ledgers = np.concatenate([s.ledgers for s in parts])
+            entries = np.concatenate([s.entries for s in parts])
+            with self._lock:
+                keep = self._core.tracked_mask(ledgers, entries)
+            times, ledgers, entries = times[keep], ledgers[keep], entries[keep]
+            order = np.lexsort((entries, ledgers, times))
+            times, ledgers, entries = times[order], ledgers[order], entries[order]
+            if len(times):
+                metadata, segments = self._build(
+                    times, ledgers, entries, sources[0].start, sources[-1].end
+                )
+                record = self._catalog.create_bucket(
+                    metadata, segments, replaces=[b.snapshot_id for b in sources if b.snapshot_id]
+                )
+        except (StorageError, ManifestConflictError, SnapshotCorruptError,
+                SnapshotNotFoundError, ValueError) as exc:  # fmt: skip
+            with self._lock:
+                self._ops["merge"].record(False, started)
+                self._warnings.append(f"merge of {len(sources)} buckets failed: {exc}")
+                self._merge_in_flight = False
+                for b in sources:
+                    b.merging = False
+                    if b.exhausted and self._buckets.get(b.sid) is b:
+                        self._retire(b)
+            return
+        with self._lock:
+            self._ops["merge"].record(True, started)
+            self._merge_in_flight = False
+            for b in sources:
+                b.merging = False
+            if record is None:  # nothing tracked any more: the sources just go
+                for b in sources:
+                    if self._buckets.get(b.sid) is b:
+                        self._retire(b)
+                return
+            if self._closed or epoch != self._epoch:
+                self._queue(lambda: self._delete_job(record.snapshot_id))
+                return
+            for b in sources:
+                self._drop_bucket(b)  # the catalog already deleted their snapshots
+            merged = self._new_bucket(record.start_ledger, record.end_ledger, len(times))
+            self._core.add_range(merged.start, merged.end)
+            self._make_durable(merged, record, metadata)
+            self._core.set_source(merged.sid, times, ledgers, entries, -1)
+            self._settle(merged, times, ledgers, entries)
+
+    # -- delivery -------------------------------------------------------------------------------
+
+    def has_message_available(self) -> bool:
+        """Whether some tracked message is due. When not, (re)arms the timer."""
+        with self._lock:
+            self._check_open()
+            now = self._now()
+            due = bool(self._core.has_due(now))
+            if not due:
+                self._rearm(now)
+            return due
+
+    def poll(self, max_messages: int) -> list[Position]:
+        """Remove and return up to ``max_messages`` due positions.
+
+        Selected in ``(deliver_at, ledger_id, entry_id)`` order across all buckets, returned
+        sorted by position. Loads a bucket's next segment when its placeholder comes due; if
+        that load fails, the positions before it are returned and the next call retries.
+        """
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int):
+            raise TypeError(f"max_messages must be an int, got {type(max_messages).__name__}")
+        with self._lock:
+            self._check_open()
+            now = self._now()
+            want = min(max_messages, MAX_TIME)
+            out: list[Position] = self._core.poll(want, now)
+            extra: list[Position] = []
+            while self._core.load_needed >= 0 and len(out) + len(extra) < want:
+                if not self._load(self._core.load_needed):
+                    break
+                extra.extend(self._core.poll(want - len(out) - len(extra), now))
+            for sid in self._core.take_exhausted():
+                self._exhaust(sid)
+            self._rearm(now)
+        if self._queued:
+            self._submit_queued()
+        if extra:
+            out.extend(extra)
+            out.sort()
+        return out
+
+    def _load(self, sid: int) -> bool:
+        """Load the next segment of bucket ``sid`` (lock held); False if it failed."""
+        bucket = self._buckets[sid]
+        started = time.perf_counter()
+        segment_no = bucket.current + 1
+        try:
+            assert bucket.snapshot_id is not None
+            segments = self._storage.get_segments(bucket.snapshot_id, segment_no, segment_no)
+            if not segments:
+                raise SnapshotCorruptError(f"{bucket.snapshot_id}: segment {segment_no} is missing")
+        except (StorageError, SnapshotCorruptError, SnapshotNotFoundError) as exc:
+            self._ops["load"].record(False, started)
+            self._warnings.append(
+                f"load of segment {segment_no} of {bucket.snapshot_id!r} "
+                f"failed (retried on the next poll): {exc}"
+            )
+            return False
+        seg = segments[0]
+        self._core.set_source(
+            sid, seg.times, seg.ledgers, seg.entries, bucket.next_time(segment_no)
+        )
+        bucket.current = segment_no
+        self._ops["load"].record(True, started)
+        return True
+
+    def _exhaust(self, sid: int) -> None:
+        bucket = self._buckets.get(sid)
+        if bucket is None:
+            return
+        bucket.exhausted = True
+        if bucket.state == "memory":
+            self._drop_bucket(bucket)
+        elif bucket.state == "durable" and not bucket.merging:
+            self._retire(bucket)
+
+    def next_delivery_time(self) -> int | None:
+        """Smallest ``deliver_at`` among loaded indexes (and next-segment minimums), or None."""
+        with self._lock:
+            if self._closed:
+                return None
+            return self._core.next_time()  # type: ignore[no-any-return]
+
+    def contains(self, ledger_id: int, entry_id: int) -> bool:
+        """Whether the position is tracked and not yet delivered. Safe from other threads."""
+        with self._lock:
+            if self._closed:
+                return False
+            try:
+                return self._core.contains(ledger_id, entry_id)  # type: ignore[no-any-return]
+            except (TypeError, OverflowError):
+                _diagnose(ledger_id=ledger_id, entry_id=entry_id)
+                raise
+
+    def __contains__(self, position: object) -> bool:
+        """``(ledger_id, entry_id) in index``."""
+        if not isinstance(position, tuple) or len(position) != 2:
+            return False
+        return self.contains(position[0], position[1])
+
+    def __len__(self) -> int:
+        """Number of tracked, undelivered positions (exact)."""
+        return 0 if self._closed else len(self._core)
+
+    def tracked_entries(self, ledger_id: int, first_entry: int, last_entry: int) -> BitMap:
+        """Tracked entry ids of ``ledger_id`` in ``[first_entry, last_entry]`` (a new BitMap).
+
+        A dispatcher can skip reading these entries: they will be delivered by the index.
+        """
+        _diagnose(ledger_id=ledger_id, entry_id=first_entry)
+        _diagnose(ledger_id=ledger_id, entry_id=last_entry)
+        out = BitMap()
+        if last_entry < first_entry:
+            return out
+        with self._lock:
+            if self._closed:
+                return out
+            bm = self._core.index_bitmap(ledger_id)
+            if bm is None:
+                return out
+            out = bm.copy()
+        if first_entry > 0:
+            out.remove_range(0, first_entry)
+        if last_entry < MAX_ENTRY_ID:
+            out.remove_range(last_entry + 1, MAX_ENTRY_ID + 1)
+        return out
+
+    # -- durability ----------------------------------------------------------------------------
+
+    def set_mark_delete(self, ledger_id: int, entry_id: int) -> None:
+        """Acknowledge every position ``<= (ledger_id, entry_id)``.
+
+        Their indexes are untracked and never delivered; sealed buckets wholly below
+        ``ledger_id`` whose snapshot is durable are deleted (a bucket straddling the ledger is
+        kept). The mark only moves forward; an older mark is ignored.
+        """
+        _diagnose(ledger_id=ledger_id, entry_id=entry_id)
+        with self._lock:
+            self._check_open()
+            mark = (ledger_id, entry_id)
+            if self._mark is not None and mark <= self._mark:
+                return
+            self._mark = mark
+            self._core.untrack_upto(ledger_id, entry_id)
+            for bucket in list(self._buckets.values()):
+                if bucket.end < ledger_id and not bucket.merging:
+                    if bucket.state == "durable":
+                        self._retire(bucket)
+                    elif bucket.state == "memory":
+                        self._drop_bucket(bucket)
+        if self._queued:
+            self._submit_queued()
+
+    @property
+    def mark_delete(self) -> tuple[int, int] | None:
+        """The last mark-delete position, or None."""
+        return self._mark
+
+    def flush(self) -> None:
+        """Block until every snapshot create, merge and delete started so far has finished."""
+        while True:
+            with self._inflight_lock:
+                pending = list(self._inflight)
+            if not pending:
+                with self._lock:
+                    queued = bool(self._queued)
+                if not queued:
+                    return
+                self._submit_queued_from_job()
+                continue
+            for future in pending:
+                future.result()
+
+    def unpersisted(self) -> int:
+        """Indexes that live only in memory: the mutable bucket, direct adds, unwritten buckets."""
+        with self._lock:
+            return self._unpersisted()
+
+    def _unpersisted(self) -> int:
+        core = self._core
+        total = core.mutable_size + core.direct_size
+        for b in self._buckets.values():
+            if b.state in ("creating", "memory") and core.has_source(b.sid):
+                total += core.source_length(b.sid) - core.source_cursor(b.sid)
+        return int(total)
+
+    def should_pause_all_deliveries(self) -> bool:
+        """Fixed-delay detection, or (with ``pause_on_unpersisted``) too much unpersisted state."""
+        with self._lock:
+            if self._closed:
+                return False
+            now = self._now()
+            pause = bool(self._core.should_pause(now))
+            if not self._core.has_due(now):
+                self._rearm(now)
+            if self._config.pause_on_unpersisted:
+                pause = pause or self._unpersisted() > self._config.max_unpersisted_indexes
+            return pause
+
+    # -- housekeeping -------------------------------------------------------------------------
+
+    def reset_tick_time(self, tick_ms: int) -> None:
+        """Use ``tick_ms`` from now on."""
+        if isinstance(tick_ms, bool) or not isinstance(tick_ms, int):
+            raise TypeError(f"tick_ms must be an int, got {type(tick_ms).__name__}")
+        if not 0 <= tick_ms < 2**62:
+            raise ValueError(f"tick_ms must be in [0, 2**62), got {tick_ms}")
+        with self._lock:
+            self._core.tick_ms = tick_ms
+
+    def buckets(self) -> list[BucketInfo]:
+        """One record per sealed bucket, in ledger order."""
+        with self._lock:
+            return [b.info() for b in sorted(self._buckets.values(), key=lambda b: b.start)]
+
+    def memory_usage_bytes(self) -> int:
+        """Resident estimate: heaps, loaded segments, bitmaps and per-bucket bookkeeping."""
+        with self._lock:
+            total = int(self._core.memory_bytes())
+            for b in self._buckets.values():
+                total += 200 + b.mins.nbytes + b.maxs.nbytes + 8 * len(b.bounds)
+            return total
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and gauges: buckets, loaded indexes, snapshot bytes, op counts, warnings."""
+        with self._lock:
+            out: dict[str, Any] = dict(self._core.counters())
+            states = [b.state for b in self._buckets.values()]
+            out.update(
+                implementation="native" if _impl.NATIVE else "pure",
+                buckets=len(self._buckets) + 1,
+                sealed_buckets=len(self._buckets),
+                durable_buckets=states.count("durable"),
+                memory_mode_buckets=states.count("memory"),
+                creating_buckets=states.count("creating"),
+                merge_in_flight=self._merge_in_flight,
+                snapshot_bytes=sum(b.snapshot_bytes for b in self._buckets.values()),
+                unpersisted=self._unpersisted(),
+                memory_bytes=int(self._core.memory_bytes()),
+                ops={k: v.as_dict() for k, v in self._ops.items()},
+                warnings=list(self._warnings[-100:]),
+                storage_problems=self._catalog.problems(),
+                pending_deletes=[
+                    i.snapshot_id for i in self._catalog.manifest.intents if i.kind == "delete"
+                ],
+                dead_letters=[d.snapshot_id for d in self._catalog.manifest.dead_letters],
+                mark_delete=self._mark,
+                tick_ms=self._core.tick_ms,
+                strict=self._config.strict,
+                timer_armed=self._arming is not None and self._arming.armed,
+                closed=self._closed,
+            )
+            return out
+
+    def clear(self) -> None:
+        """Drop everything and delete every snapshot of this name.
+
+        Always completes: in-flight jobs are awaited, and deletes that fail stay as pending
+        intents in the manifest (retried later, shown in :meth:`stats`), never raised.
+        """
+        self._check_open()
+        self.flush()
+        with self._lock:
+            self._epoch += 1
+            self._core.clear()
+            self._buckets.clear()
+            self._merge_in_flight = False
+            self._mark = None
+            if self._arming is not None:
+                self._arming.cancel()
+            live = [b.snapshot_id for b in self._catalog.buckets()]
+        for snapshot_id in live:
+            try:
+                self._catalog.delete_bucket(snapshot_id)
+            except (StorageError, ManifestConflictError, ValueError) as exc:
+                with self._lock:
+                    self._warnings.append(f"clear: delete of {snapshot_id!r} failed: {exc}")
+        try:
+            self._catalog.retry_pending_deletes(force=True)
+        except (StorageError, ManifestConflictError) as exc:
+            with self._lock:
+                self._warnings.append(f"clear: pending deletes not finished: {exc}")
+
+    def close(self) -> None:
+        """Stop the timer, finish in-flight writes and release the name. Snapshots stay.
+
+        Idempotent; afterwards ``add``/``poll`` raise :class:`TrackerClosedError`.
+        """
+        if self._closed:
+            return
+        self.flush()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._arming is not None:
+                self._arming.cancel()
+        self._shutdown_executor()
+        with self._lock:
+            self._core.clear()
+            self._buckets.clear()
+        self._catalog.close()
+
+    def _shutdown_executor(self) -> None:
+        if self._owns_executor:
+            self._executor.shutdown(wait=True)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def config(self) -> TrackerConfig:
+        """The configuration this index was opened with."""
+        return self._config
+
+    @property
+    def name(self) -> str:
+        """The index name in its storage."""
+        return self._name
+
+    def _check(self) -> None:
+        """Assert the invariants of the core and of the bucket table (tests call this)."""
+        with self._lock:
+            self._core._check()
+            for b in self._buckets.values():
+                if not self._core.in_sealed_range(b.start):
+                    raise AssertionError(f"bucket [{b.start}, {b.end}] has no sealed range")
+                if b.state == "durable" and b.snapshot_id is None:
+                    raise AssertionError("a durable bucket has no snapshot id")
+            live = {b.snapshot_id for b in self._buckets.values() if b.state == "durable"}
+            manifest = self._catalog.manifest.live_ids()
+            if not live <= manifest:
+                raise AssertionError(f"durable buckets {live - manifest} are not in the manifest")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"tracked={len(self)} buckets={len(self._buckets)}"
+        return f"<DelayIndex {self._name!r} {state}>"
+
+
+_OPEN_TOKEN = object()
+
+__all__ = ["BucketInfo", "DelayIndex", "resolve_overlaps", "select_merge_window"]
