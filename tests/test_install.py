@@ -198,6 +198,7 @@ def test_native_public_names_exist_in_the_pure_world() -> None:
     pairs = {
         "TripleHeap": "PureTripleHeap",
         "TrackerCore": "PureTrackerCore",
+        "BucketCore": "PureBucketCore",
         "wall_clock_ms": "pure_wall_clock_ms",
     }
     for native_name, pure_name in pairs.items():
@@ -240,3 +241,13 @@ def test_tracker_core_twins_have_the_same_methods() -> None:
     assert "_check" in native_methods
     # ...and everything reachable on an instance (attributes included).
     assert _public(native_obj) == _public(pure_obj)
+
+
+def test_bucket_core_twins_have_the_same_methods() -> None:
+    native = _native()
+    native_cls, pure_cls = native.BucketCore, _impl.PureBucketCore
+    native_methods = {n for n in _public(native_cls) if callable(getattr(native_cls, n))}
+    pure_methods = {n for n in _public(pure_cls) if callable(getattr(pure_cls, n))}
+    assert native_methods == pure_methods
+    assert {"add", "add_many", "seal", "set_source", "poll", "_check"} <= native_methods
+    assert _public(native_cls(1000, False, 0, 5)) == _public(pure_cls(1000, False, 0, 5))

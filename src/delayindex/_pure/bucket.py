@@ -57,6 +57,10 @@ def _check_ids(ledger: int, entry: int) -> None:
         raise ValueError(f"entry_id must be in [0, 2**32), got {entry}")
 
 
+def _column(values: object) -> Int64Array:
+    return np.ascontiguousarray(np.asarray(values), dtype=np.int64)
+
+
 class _Source:
     __slots__ = ("entries", "ledgers", "next_time", "pos", "times")
 
@@ -117,6 +121,7 @@ class BucketCore:
         self._ranges: SortedDict = SortedDict()  # start -> end of sealed buckets
         self._max_sealed_end = -1
         self._exhausted: list[int] = []
+        self._mark = (-1, -1)  # highest untrack_upto position
         self.load_needed = -1
         self._fixed_delay = True
         self._highest = 0
@@ -215,6 +220,9 @@ class BucketCore:
 
     def tracked_mask(self, ledgers: Int64Array, entries: Int64Array) -> npt.NDArray[np.bool_]:
         """For each position, whether it is tracked."""
+        ledgers, entries = _column(ledgers), _column(entries)
+        if len(ledgers) != len(entries):
+            raise ValueError("ledgers and entries differ in length")
         out = np.zeros(len(ledgers), dtype=np.bool_)
         index = self._index
         for i, (ledger, entry) in enumerate(zip(ledgers.tolist(), entries.tolist(), strict=True)):
@@ -225,6 +233,7 @@ class BucketCore:
     def untrack_upto(self, ledger: int, entry: int) -> int:
         """Untrack every position ``<= (ledger, entry)`` (mark-delete); return how many."""
         removed = 0
+        self._mark = max(self._mark, (ledger, entry))
         for key in [k for k in self._index if k <= ledger]:
             bm = self._index[key]
             if key < ledger:
@@ -278,7 +287,8 @@ class BucketCore:
         if to_mutable and ledger > self._mutable_end and len(self._mutable) >= self.min_index_count:
             return SEAL_FIRST
         n["add_calls"] += 1
-        if (ledger, entry) in self._stale:
+        if (ledger, entry) in self._stale or (ledger, entry) <= self._mark:
+            # An old node may remain (a due re-add, or a mark-delete): purge it first.
             self._mutable.remove(ledger, entry)
             self._direct.remove(ledger, entry)
             self._stale.discard((ledger, entry))
@@ -372,7 +382,7 @@ class BucketCore:
         next_time: int = -1,
     ) -> None:
         """Add or replace segment source ``sid``: sorted arrays, cursor 0, placeholder."""
-        t, lg, en = (_int64_column(a) for a in (times, ledgers, entries))
+        t, lg, en = (_column(a) for a in (times, ledgers, entries))
         if not len(t) == len(lg) == len(en):
             raise ValueError("source arrays differ in length")
         if sid < 0:
@@ -584,6 +594,7 @@ class BucketCore:
         self._ranges.clear()
         self._max_sealed_end = -1
         self._exhausted.clear()
+        self._mark = (-1, -1)
         self.load_needed = -1
         self._fixed_delay = True
         self._highest = 0

@@ -1,0 +1,804 @@
+# BucketCore: the sans-IO state of DelayIndex (pure twin: delayindex/_pure/bucket.py).
+#
+# How it works. Every tracked message is in exactly one source: the mutable heap (the last
+# mutable bucket), the direct heap (non-monotonic ledgers; never persisted), or a segment source
+# (a sealed bucket's sorted arrays with a cursor). ``heads`` is a small binary heap holding one
+# key per segment source: its cursor's triple, or (placeholder, -1, -1) once the arrays are used
+# up and the bucket has an unloaded next segment. Delivery is a k-way merge: the smallest of the
+# two heap tops and the heads top. A due placeholder stops the merge (``load_needed``); because
+# a next segment's indexes are >= its placeholder, delivery stays globally ordered.
+#
+# The dedup index is one pyroaring BitMap per ledger (count == total cardinality). A copy whose
+# position is no longer tracked is skipped on pop. ``stale``: positions untracked by a due re-add
+# whose heap node may remain (re-tracking purges it). ``shadow``: positions tracked in the direct
+# heap while their ledger is in a sealed range; their segment copies are obsolete.
+#
+# Invariants (_check): count == bitmap cardinality, no empty bitmap kept; heads holds exactly one
+# key per live source, equal to its head or placeholder; cursors within their arrays; mutable
+# nodes lie in the mutable range.
+
+from sortedcontainers import SortedDict
+
+ctypedef struct Head:
+    int64_t time
+    int64_t ledger
+    int64_t entry
+    void* src          # borrowed _Src; heads never outlive the sources dict entry
+
+
+cdef inline bint head_lt(const Head* a, const Head* b) noexcept nogil:
+    if a.time != b.time:
+        return a.time < b.time
+    if a.ledger != b.ledger:
+        return a.ledger < b.ledger
+    return a.entry < b.entry
+
+
+@cython.final
+cdef class _Src:
+    """One segment source: sorted int64 arrays, a cursor, and the next segment's min time."""
+    cdef object arrays
+    cdef const int64_t* times
+    cdef const int64_t* ledgers
+    cdef const int64_t* entries
+    cdef Py_ssize_t pos, n
+    cdef int64_t next_time
+    cdef int64_t sid
+
+    cdef inline bint key(self, Head* out) noexcept:
+        if self.pos < self.n:
+            out.time = self.times[self.pos]
+            out.ledger = self.ledgers[self.pos]
+            out.entry = self.entries[self.pos]
+        elif self.next_time >= 0:
+            out.time = self.next_time
+            out.ledger = -1
+            out.entry = -1
+        else:
+            return False
+        out.src = <void*> self
+        return True
+
+
+cdef object _column(object values):
+    return np.ascontiguousarray(np.asarray(values), dtype=np.int64)
+
+
+@cython.final
+cdef class BucketCore:
+    """Dedup index + mutable/direct heaps + segment-source merge (time passed in).
+
+    ``add`` returns 0 (deliver now), 1 (tracked), 2 (already tracked) or 3 (seal the mutable
+    bucket first; nothing was changed).
+    """
+
+    cdef dict index
+    cdef object last_bm
+    cdef int64_t last_ledger
+    cdef Py_ssize_t count
+    cdef TripleHeap mutable
+    cdef TripleHeap direct
+    cdef int64_t mutable_start, mutable_end
+    cdef set stale
+    cdef set shadow
+    cdef dict sources
+    cdef Head* heads
+    cdef Py_ssize_t nheads, heads_cap
+    cdef object ranges
+    cdef int64_t max_sealed_end
+    cdef list exhausted
+    cdef int64_t mark_ledger, mark_entry     # highest untrack_upto position
+    cdef public int64_t load_needed
+    cdef int64_t _tick
+    cdef readonly bint strict
+    cdef readonly int64_t fixed_delay_lookahead
+    cdef readonly int64_t min_index_count
+    cdef bint fixed_delay
+    cdef int64_t highest
+    cdef int64_t n_add_calls, n_added, n_duplicates, n_rejected, n_untracked_due
+    cdef int64_t n_delivered, n_skipped, n_polls, n_direct
+
+    def __cinit__(self, int64_t tick_ms, bint strict, int64_t fixed_delay_lookahead,
+                  int64_t min_index_count_per_bucket):
+        if tick_ms < 0:
+            raise ValueError(f"tick_ms must be >= 0, got {tick_ms}")
+        if fixed_delay_lookahead < 0:
+            raise ValueError("fixed_delay_lookahead must be >= 0")
+        if min_index_count_per_bucket < 1:
+            raise ValueError("min_index_count_per_bucket must be >= 1")
+        self._tick = tick_ms
+        self.strict = strict
+        self.fixed_delay_lookahead = fixed_delay_lookahead
+        self.min_index_count = min_index_count_per_bucket
+        self.index = {}
+        self.last_bm = None
+        self.last_ledger = -1
+        self.mutable = TripleHeap()
+        self.direct = TripleHeap()
+        self.mutable_start = self.mutable_end = -1
+        self.stale = set()
+        self.shadow = set()
+        self.sources = {}
+        self.heads = NULL
+        self.ranges = SortedDict()
+        self.max_sealed_end = -1
+        self.exhausted = []
+        self.mark_ledger = self.mark_entry = -1
+        self.load_needed = -1
+        self.fixed_delay = True
+
+    def __dealloc__(self):
+        free(self.heads)
+
+    # -- time -------------------------------------------------------------------------------
+
+    @property
+    def tick_ms(self) -> int:
+        """The tick used for the non-strict cutoff and fixed-delay detection."""
+        return self._tick
+
+    @tick_ms.setter
+    def tick_ms(self, int64_t value) -> None:
+        if value < 0:
+            raise ValueError(f"tick_ms must be >= 0, got {value}")
+        self._tick = value
+
+    cdef inline int64_t cutoff(self, int64_t now) noexcept:
+        if self.strict:
+            return now
+        if now > INT64_MAX_ - self._tick:
+            return INT64_MAX_
+        return now + self._tick
+
+    def cutoff_for(self, now) -> int:
+        """The cutoff for ``now``: a message is due when deliver_at <= cutoff."""
+        return self.cutoff(as_i64(now))
+
+    # -- sealed ranges ----------------------------------------------------------------------
+
+    def add_range(self, int64_t start, int64_t end) -> None:
+        """Register a sealed bucket's ledger range (must not overlap a registered one)."""
+        if not 0 <= start <= end:
+            raise ValueError(f"bad range [{start}, {end}]")
+        at = self.ranges.bisect_right(end)
+        if at and self.ranges.peekitem(at - 1)[1] >= start:
+            raise ValueError(f"range [{start}, {end}] overlaps a sealed range")
+        self.ranges[start] = end
+        if end > self.max_sealed_end:
+            self.max_sealed_end = end
+
+    def remove_range(self, int64_t start) -> None:
+        """Forget the sealed range starting at ``start``."""
+        del self.ranges[start]
+        self.max_sealed_end = self.ranges.peekitem(-1)[1] if self.ranges else -1
+
+    cpdef bint in_sealed_range(self, int64_t ledger):
+        """Whether ``ledger`` lies inside a registered sealed range."""
+        if ledger > self.max_sealed_end:
+            return False
+        at = self.ranges.bisect_right(ledger)
+        return bool(at) and self.ranges.peekitem(at - 1)[1] >= ledger
+
+    @property
+    def mutable_range(self) -> tuple:
+        """``(start, end)`` ledgers of the last mutable bucket; ``(-1, -1)`` when reset."""
+        return (self.mutable_start, self.mutable_end)
+
+    @property
+    def mutable_size(self) -> int:
+        """Nodes in the mutable heap (stale ones included)."""
+        return self.mutable.n
+
+    @property
+    def direct_size(self) -> int:
+        """Nodes in the direct heap (stale ones included)."""
+        return self.direct.n
+
+    # -- index ------------------------------------------------------------------------------
+
+    cdef inline object bitmap(self, int64_t ledger, bint create):
+        cdef object bm
+        if self.last_bm is not None and ledger == self.last_ledger:
+            return self.last_bm
+        bm = self.index.get(ledger)
+        if bm is None:
+            if not create:
+                return None
+            bm = BitMap()
+            self.index[ledger] = bm
+        self.last_ledger = ledger
+        self.last_bm = bm
+        return bm
+
+    cdef inline void drop_ledger(self, int64_t ledger):
+        del self.index[ledger]
+        if ledger == self.last_ledger:
+            self.last_bm = None
+
+    cdef bint untrack(self, int64_t ledger, int64_t entry) except -1:
+        cdef object bm = self.bitmap(ledger, False)
+        if bm is None or entry not in bm:
+            return False
+        bm.discard(entry)
+        self.count -= 1
+        if not bm:
+            self.drop_ledger(ledger)
+        return True
+
+    def restore(self, int64_t ledger, bitmap) -> int:
+        """Track every entry of ``bitmap`` in ``ledger`` (recovery); return how many were new."""
+        cdef object bm = self.bitmap(ledger, True)
+        cdef Py_ssize_t before = len(bm)
+        bm |= bitmap
+        cdef Py_ssize_t added = len(bm) - before
+        self.count += added
+        if not bm:
+            self.drop_ledger(ledger)
+        return added
+
+    def index_bitmap(self, int64_t ledger):
+        """The live bitmap of ``ledger`` (do not modify it), or None."""
+        return self.index.get(ledger)
+
+    def tracked_mask(self, ledgers, entries):
+        """For each position, whether it is tracked."""
+        cdef const int64_t[::1] ls = _column(ledgers)
+        cdef const int64_t[::1] es = _column(entries)
+        cdef Py_ssize_t i, k = ls.shape[0]
+        cdef object bm
+        if es.shape[0] != k:
+            raise ValueError("ledgers and entries differ in length")
+        out = np.zeros(k, dtype=np.bool_)
+        cdef uint8_t[::1] view = out.view(np.uint8)
+        for i in range(k):
+            bm = self.bitmap(ls[i], False)
+            view[i] = bm is not None and es[i] in bm
+        return out
+
+    def untrack_upto(self, int64_t ledger, int64_t entry) -> int:
+        """Untrack every position ``<= (ledger, entry)`` (mark-delete); return how many."""
+        cdef Py_ssize_t removed = 0, before
+        if (ledger, entry) > (self.mark_ledger, self.mark_entry):
+            self.mark_ledger, self.mark_entry = ledger, entry
+        for key in [k for k in self.index if k <= ledger]:
+            bm = self.index[key]
+            if key < ledger:
+                removed += len(bm)
+                self.drop_ledger(key)
+            else:
+                before = len(bm)
+                bm.remove_range(0, entry + 1)
+                removed += before - len(bm)
+                if not bm:
+                    self.drop_ledger(key)
+        self.count -= removed
+        if self.shadow:
+            self.shadow = {p for p in self.shadow if p > (ledger, entry)}
+        return removed
+
+    def untrack_ledgers(self, int64_t start, int64_t end) -> int:
+        """Untrack every position of ledgers ``start..end``; return how many."""
+        cdef Py_ssize_t removed = 0
+        for key in [k for k in self.index if start <= k <= end]:
+            removed += len(self.index[key])
+            self.drop_ledger(key)
+        self.count -= removed
+        return removed
+
+    # -- add --------------------------------------------------------------------------------
+
+    cdef inline void note_deliver_at(self, int64_t deliver_at) noexcept:
+        if deliver_at < self.highest - self._tick:
+            self.fixed_delay = False
+        if deliver_at > self.highest:
+            self.highest = deliver_at
+
+    cdef int cadd(self, int64_t ledger, int64_t entry, int64_t deliver_at,
+                  int64_t cutoff) except -1:
+        cdef object bm
+        cdef bint sealed, to_mutable
+        if deliver_at < 0 or deliver_at <= cutoff:
+            # Expiry before dedup: a due re-add untracks (Pulsar #26230).
+            self.n_add_calls += 1
+            self.fixed_delay = False
+            self.n_rejected += 1
+            if self.count and self.untrack(ledger, entry):
+                self.n_untracked_due += 1
+                self.stale.add((ledger, entry))
+                if self.shadow:
+                    self.shadow.discard((ledger, entry))
+            return 0
+        bm = self.bitmap(ledger, False)
+        if bm is not None and entry in bm:
+            self.n_add_calls += 1
+            self.n_duplicates += 1
+            self.note_deliver_at(deliver_at)
+            return 2
+        sealed = ledger <= self.max_sealed_end and self.in_sealed_range(ledger)
+        to_mutable = not sealed and ledger >= self.mutable_end
+        if to_mutable and ledger > self.mutable_end and self.mutable.n >= self.min_index_count:
+            return 3
+        self.n_add_calls += 1
+        if (ledger < self.mark_ledger or (ledger == self.mark_ledger and entry <= self.mark_entry)
+                or (self.stale and (ledger, entry) in self.stale)):
+            # An old node may remain (a due re-add, or a mark-delete): purge it first.
+            self.mutable.remove_position(ledger, entry)
+            self.direct.remove_position(ledger, entry)
+            self.stale.discard((ledger, entry))
+        if to_mutable:
+            self.mutable.cpush(deliver_at, ledger, entry)
+            if self.mutable_start < 0:
+                self.mutable_start = ledger
+            self.mutable_end = ledger
+        else:
+            self.direct.cpush(deliver_at, ledger, entry)
+            self.n_direct += 1
+            if sealed:
+                self.shadow.add((ledger, entry))
+        if bm is None:
+            bm = self.bitmap(ledger, True)
+        bm.add(entry)
+        self.count += 1
+        self.n_added += 1
+        self.note_deliver_at(deliver_at)
+        return 1
+
+    def add(self, ledger, entry, deliver_at, now) -> int:
+        """Track ``(ledger, entry)`` until ``deliver_at``; see the class doc for the result."""
+        cdef int64_t c_ledger = as_i64(ledger)
+        cdef int64_t c_entry = as_i64(entry)
+        cdef int64_t c_deliver_at = as_i64(deliver_at)
+        cdef int64_t c_now = as_i64(now)
+        check_ids(c_ledger, c_entry)
+        return self.cadd(c_ledger, c_entry, c_deliver_at, self.cutoff(c_now))
+
+    def add_many(self, const int64_t[:] ledgers not None, const int64_t[:] entries not None,
+                 const int64_t[:] deliver_ats not None, now, out not None, Py_ssize_t start):
+        """``add`` elements ``start..`` in order, writing ``out[i]`` (True = tracked).
+
+        Returns the index of the first element that needs a seal first (nothing done for it),
+        or the length when all were added. With ``start == 0`` everything is validated first.
+        """
+        cdef Py_ssize_t k = ledgers.shape[0]
+        cdef Py_ssize_t i
+        cdef int code
+        cdef int64_t cutoff = self.cutoff(as_i64(now))
+        cdef uint8_t[::1] view = out.view(np.uint8)
+        if entries.shape[0] != k or deliver_ats.shape[0] != k or view.shape[0] != k:
+            raise ValueError(
+                f"add_many needs sequences of equal length, got {k}, {entries.shape[0]}, "
+                f"{deliver_ats.shape[0]}")
+        if start == 0:
+            for i in range(k):
+                if ledgers[i] < 0 or entries[i] < 0 or entries[i] > MAX_ENTRY:
+                    raise ValueError(
+                        f"element {i}: bad position ({ledgers[i]}, {entries[i]}); need "
+                        f"ledger_id >= 0 and 0 <= entry_id < 2**32")
+        for i in range(start, k):
+            code = self.cadd(ledgers[i], entries[i], deliver_ats[i], cutoff)
+            if code == 3:
+                return i
+            view[i] = code != 0
+        return k
+
+    # -- seal -------------------------------------------------------------------------------
+
+    def seal(self):
+        """Empty the mutable bucket: its tracked indexes sorted by (time, ledger, entry).
+
+        Returns ``(times, ledgers, entries, start_ledger, end_ledger)`` and resets the range.
+        """
+        cdef Py_ssize_t n = self.mutable.n, i, k = 0
+        cdef Triple* buf = <Triple*> malloc(<size_t> (n if n else 1) * sizeof(Triple))
+        cdef Triple x
+        cdef object bm
+        cdef int64_t start = self.mutable_start, end = self.mutable_end
+        cdef int64_t[::1] ts, ls, es
+        if buf == NULL:
+            raise MemoryError()
+        try:
+            for i in range(n):
+                x = self.mutable.data[i]
+                bm = self.bitmap(x.ledger, False)
+                if bm is not None and x.entry in bm:
+                    buf[k] = x
+                    k += 1
+            di_sort_triples_raw(<void*> buf, k)  # Triple and DiTriple share a layout
+            t_arr = np.empty(k, dtype=np.int64)
+            l_arr = np.empty(k, dtype=np.int64)
+            e_arr = np.empty(k, dtype=np.int64)
+            ts, ls, es = t_arr, l_arr, e_arr
+            for i in range(k):
+                ts[i] = buf[i].time
+                ls[i] = buf[i].ledger
+                es[i] = buf[i].entry
+        finally:
+            free(buf)
+        self.mutable.cclear()
+        self.mutable_start = self.mutable_end = -1
+        return t_arr, l_arr, e_arr, start, end
+
+    # -- heads heap -------------------------------------------------------------------------
+
+    cdef int heads_push(self, Head h) except -1:
+        cdef Head* grown
+        cdef Py_ssize_t i, parent
+        if self.nheads == self.heads_cap:
+            self.heads_cap = 16 if self.heads_cap == 0 else self.heads_cap * 2
+            grown = <Head*> realloc(self.heads, <size_t> self.heads_cap * sizeof(Head))
+            if grown == NULL:
+                raise MemoryError()
+            self.heads = grown
+        i = self.nheads
+        self.nheads += 1
+        while i > 0:
+            parent = (i - 1) >> 1
+            if not head_lt(&h, &self.heads[parent]):
+                break
+            self.heads[i] = self.heads[parent]
+            i = parent
+        self.heads[i] = h
+        return 0
+
+    cdef void heads_sift_down(self, Py_ssize_t i, Head h) noexcept:
+        cdef Py_ssize_t n = self.nheads, c
+        while True:
+            c = 2 * i + 1
+            if c >= n:
+                break
+            if c + 1 < n and head_lt(&self.heads[c + 1], &self.heads[c]):
+                c += 1
+            if not head_lt(&self.heads[c], &h):
+                break
+            self.heads[i] = self.heads[c]
+            i = c
+        self.heads[i] = h
+
+    cdef void heads_pop(self) noexcept:
+        self.nheads -= 1
+        if self.nheads > 0:
+            self.heads_sift_down(0, self.heads[self.nheads])
+
+    cdef void heads_drop(self, void* src) noexcept:
+        cdef Py_ssize_t i, j = 0
+        for i in range(self.nheads):
+            if self.heads[i].src != src:
+                self.heads[j] = self.heads[i]
+                j += 1
+        if j != self.nheads:
+            self.nheads = j
+            i = (j - 2) // 2
+            while i >= 0:
+                self.heads_sift_down(i, self.heads[i])
+                i -= 1
+
+    # -- segment sources --------------------------------------------------------------------
+
+    def set_source(self, int64_t sid, times, ledgers, entries, next_time=-1) -> None:
+        """Add or replace segment source ``sid``: sorted arrays, cursor 0, placeholder."""
+        t, lg, en = _column(times), _column(ledgers), _column(entries)
+        if not len(t) == len(lg) == len(en):
+            raise ValueError("source arrays differ in length")
+        if sid < 0:
+            raise ValueError("source ids are >= 0")
+        cdef int64_t c_next = as_i64(next_time)
+        if sid in self.sources:
+            self.remove_source(sid)
+        cdef _Src src = _Src.__new__(_Src)
+        cdef const int64_t[::1] tv = t
+        cdef const int64_t[::1] lv = lg
+        cdef const int64_t[::1] ev = en
+        src.arrays = (t, lg, en)
+        src.n = tv.shape[0]
+        src.times = &tv[0] if src.n else NULL
+        src.ledgers = &lv[0] if src.n else NULL
+        src.entries = &ev[0] if src.n else NULL
+        src.pos = 0
+        src.next_time = c_next
+        src.sid = sid
+        self.sources[sid] = src
+        cdef Head h
+        if src.key(&h):
+            self.heads_push(h)
+        else:
+            self.exhausted.append(sid)
+
+    def remove_source(self, int64_t sid) -> None:
+        """Drop segment source ``sid`` (its indexes stay tracked)."""
+        src = self.sources.pop(sid, None)
+        if self.load_needed == sid:
+            self.load_needed = -1
+        if sid in self.exhausted:
+            self.exhausted = [s for s in self.exhausted if s != sid]
+        if src is not None:
+            self.heads_drop(<void*> src)
+
+    def source_cursor(self, int64_t sid) -> int:
+        """How many indexes of source ``sid``'s arrays were consumed."""
+        return (<_Src> self.sources[sid]).pos
+
+    def source_length(self, int64_t sid) -> int:
+        """Indexes in source ``sid``'s arrays (consumed ones included)."""
+        return (<_Src> self.sources[sid]).n
+
+    def has_source(self, int64_t sid) -> bool:
+        """Whether ``sid`` is a segment source."""
+        return sid in self.sources
+
+    def source_ids(self) -> list:
+        """Segment source ids, ascending."""
+        return sorted(self.sources)
+
+    def take_exhausted(self) -> list:
+        """Ids of sources used up with no placeholder since the last call (then forgotten)."""
+        out, self.exhausted = self.exhausted, []
+        return [sid for sid in out if sid in self.sources]
+
+    # -- delivery ---------------------------------------------------------------------------
+
+    cdef inline int peek(self, Triple* key) noexcept:
+        """Where the smallest key is: 0 none, 1 mutable, 2 direct, 3 heads."""
+        cdef int best = 0
+        cdef Triple h
+        if self.mutable.n:
+            key[0] = self.mutable.data[0]
+            best = 1
+        if self.direct.n and (best == 0 or triple_lt(&self.direct.data[0], key)):
+            key[0] = self.direct.data[0]
+            best = 2
+        if self.nheads:
+            h.time = self.heads[0].time
+            h.ledger = self.heads[0].ledger
+            h.entry = self.heads[0].entry
+            if best == 0 or triple_lt(&h, key):
+                key[0] = h
+                best = 3
+        return best
+
+    cdef int pop(self, int best, Triple* got) except -1:
+        """Remove the smallest (non-placeholder) key into ``got``; 1 if live, else 0."""
+        cdef Head* top
+        cdef _Src src
+        cdef Head nxt
+        cdef object bm
+        if best == 3:
+            top = &self.heads[0]
+            got.time = top.time
+            got.ledger = top.ledger
+            got.entry = top.entry
+            src = <_Src> top.src
+            src.pos += 1
+            if src.key(&nxt):
+                self.heads_sift_down(0, nxt)
+            else:
+                self.heads_pop()
+                self.exhausted.append(src.sid)
+            if self.shadow and (got.ledger, got.entry) in self.shadow:
+                return 0
+        elif best == 1:
+            got[0] = self.mutable.cpop()
+        else:
+            got[0] = self.direct.cpop()
+            if self.shadow:
+                self.shadow.discard((got.ledger, got.entry))
+        bm = self.bitmap(got.ledger, False)
+        if bm is None or got.entry not in bm:
+            if self.stale:
+                self.stale.discard((got.ledger, got.entry))
+            return 0
+        return 1
+
+    cdef int purge(self, Triple* key) except -1:
+        """Drop dead keys at the head; return where the live head (or placeholder) is."""
+        cdef int best
+        cdef Triple got
+        cdef object bm
+        while True:
+            best = self.peek(key)
+            if best == 0 or key.ledger < 0:
+                return best
+            bm = self.bitmap(key.ledger, False)
+            if bm is not None and key.entry in bm and not (
+                    best == 3 and self.shadow and (key.ledger, key.entry) in self.shadow):
+                return best
+            self.pop(best, &got)
+            self.n_skipped += 1
+
+    def poll(self, max_n, now) -> list:
+        """Remove up to ``max_n`` due positions, chosen in (time, ledger, entry) order.
+
+        Stops early at a due placeholder and sets ``load_needed``. Returns the positions sorted
+        by position.
+        """
+        cdef int64_t c_max = as_i64(max_n)
+        cdef int64_t cutoff = self.cutoff(as_i64(now))
+        cdef Pos* buf = NULL
+        cdef Pos* grown
+        cdef Py_ssize_t k = 0, room = 0, i
+        cdef Triple key, got
+        cdef int best
+        cdef object bm
+        cdef list out
+        cdef int64_t prev
+        cdef object ledger_obj
+        self.n_polls += 1
+        self.load_needed = -1
+        if c_max <= 0:
+            return []
+        try:
+            while k < c_max:
+                best = self.peek(&key)
+                if best == 0 or key.time > cutoff:
+                    break
+                if key.ledger < 0:  # a due placeholder: load the next segment first
+                    self.load_needed = (<_Src> self.heads[0].src).sid
+                    break
+                if k == room:
+                    room = 256 if room == 0 else room * 2
+                    if room > c_max:
+                        room = c_max
+                    grown = <Pos*> realloc(buf, <size_t> room * sizeof(Pos))
+                    if grown == NULL:
+                        raise MemoryError()
+                    buf = grown
+                if not self.pop(best, &got):
+                    self.n_skipped += 1
+                    continue
+                bm = self.bitmap(got.ledger, False)
+                bm.discard(got.entry)
+                if not bm:
+                    self.drop_ledger(got.ledger)
+                buf[k].ledger = got.ledger
+                buf[k].entry = got.entry
+                k += 1
+            self.count -= k
+            self.n_delivered += k
+            self.mutable._maybe_shrink()
+            self.direct._maybe_shrink()
+            di_sort_pos(buf, k)
+            out = [None] * k
+            prev = -1
+            ledger_obj = None
+            for i in range(k):
+                if buf[i].ledger != prev:
+                    prev = buf[i].ledger
+                    ledger_obj = prev
+                out[i] = di_make_pair(Position, ledger_obj, buf[i].entry)
+        finally:
+            free(buf)
+        if self.count == 0:
+            self.fixed_delay = True
+            self.highest = 0
+        return out
+
+    def has_due(self, now) -> bool:
+        """Whether the smallest loaded key (or a placeholder) is due at ``now``."""
+        cdef int64_t cutoff = self.cutoff(as_i64(now))
+        cdef Triple key
+        return self.purge(&key) != 0 and key.time <= cutoff
+
+    def next_time(self):
+        """The smallest deliver time among loaded indexes and placeholders, or None."""
+        cdef Triple key
+        if self.purge(&key) == 0:
+            return None
+        return key.time
+
+    def should_pause(self, now) -> bool:
+        """Pulsar's fixed-delay detection: pause reads while delays look fixed and none is due."""
+        return (self.fixed_delay_lookahead > 0 and self.fixed_delay
+                and self.count >= self.fixed_delay_lookahead and not self.has_due(now))
+
+    def contains(self, ledger, entry) -> bool:
+        """Whether ``(ledger, entry)`` is tracked and not yet delivered."""
+        cdef int64_t c_ledger = as_i64(ledger)
+        cdef int64_t c_entry = as_i64(entry)
+        check_ids(c_ledger, c_entry)
+        bm = self.bitmap(c_ledger, False)
+        return bm is not None and c_entry in bm
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def loaded(self) -> int:
+        """Indexes held in memory by the sources (consumed ones excluded)."""
+        cdef Py_ssize_t total = self.mutable.n + self.direct.n
+        cdef _Src src
+        for value in self.sources.values():
+            src = <_Src> value
+            total += src.n - src.pos
+        return total
+
+    def clear(self) -> None:
+        """Drop everything: index, heaps, sources, ranges; reset fixed-delay detection."""
+        self.index.clear()
+        self.last_bm = None
+        self.count = 0
+        self.mutable.cclear()
+        self.direct.cclear()
+        self.mutable_start = self.mutable_end = -1
+        self.stale.clear()
+        self.shadow.clear()
+        self.nheads = 0
+        self.sources.clear()
+        self.ranges.clear()
+        self.max_sealed_end = -1
+        self.exhausted = []
+        self.mark_ledger = self.mark_entry = -1
+        self.load_needed = -1
+        self.fixed_delay = True
+        self.highest = 0
+
+    def memory_bytes(self) -> int:
+        """Resident estimate: heaps + source arrays (24 B per index) + bitmaps + containers."""
+        cdef Py_ssize_t total = (self.mutable.cap + self.direct.cap) * sizeof(Triple)
+        total += self.heads_cap * sizeof(Head)
+        for value in self.sources.values():
+            total += 24 * (<_Src> value).n
+        total += sys.getsizeof(self.index) + sys.getsizeof(self.stale) + sys.getsizeof(self.shadow)
+        for bm in self.index.values():
+            total += sys.getsizeof(bm) + BITMAP_OVERHEAD
+        return total
+
+    def counters(self) -> dict:
+        """Operation counters and gauges."""
+        return {
+            "tracked": self.count,
+            "mutable_nodes": self.mutable.n,
+            "direct_nodes": self.direct.n,
+            "segment_sources": len(self.sources),
+            "loaded": self.loaded,
+            "stale_nodes": len(self.stale),
+            "shadowed": len(self.shadow),
+            "bitmaps": len(self.index),
+            "add_calls": self.n_add_calls,
+            "added": self.n_added,
+            "duplicates": self.n_duplicates,
+            "rejected": self.n_rejected,
+            "untracked_on_due_add": self.n_untracked_due,
+            "delivered": self.n_delivered,
+            "skipped_on_pop": self.n_skipped,
+            "polls": self.n_polls,
+            "direct_adds": self.n_direct,
+            "fixed_delay": bool(self.fixed_delay),
+            "highest_deliver_at": self.highest,
+        }
+
+    def _check(self) -> None:
+        """Assert the invariants listed at the top of this file."""
+        cdef Py_ssize_t i
+        cdef _Src src
+        cdef Head h
+        self.mutable._check()
+        self.direct._check()
+        cardinality = 0
+        for bm in self.index.values():
+            if not bm:
+                raise AssertionError("an empty bitmap is kept in the index")
+            cardinality += len(bm)
+        if cardinality != self.count:
+            raise AssertionError(f"count {self.count} != bitmap cardinality {cardinality}")
+        for i in range(self.mutable.n):
+            if not self.mutable_start <= self.mutable.data[i].ledger <= self.mutable_end:
+                raise AssertionError("a mutable node lies outside the mutable range")
+        for i in range(1, self.nheads):
+            if head_lt(&self.heads[i], &self.heads[(i - 1) >> 1]):
+                raise AssertionError(f"heads order broken at {i}")
+        seen = {}
+        for i in range(self.nheads):
+            src = <_Src> self.heads[i].src
+            if src.sid in seen or self.sources.get(src.sid) is not src:
+                raise AssertionError(f"heads entry {i} is a duplicate or a dead source")
+            seen[src.sid] = i
+        for sid, value in self.sources.items():
+            src = <_Src> value
+            if not 0 <= src.pos <= src.n:
+                raise AssertionError(f"source {sid}: cursor {src.pos} out of range")
+            if src.key(&h):
+                i = seen.get(sid, -1)
+                if i < 0 or (self.heads[i].time, self.heads[i].ledger, self.heads[i].entry) != (
+                        h.time, h.ledger, h.entry):
+                    raise AssertionError(f"source {sid}: head missing from heads")
+            elif sid in seen:
+                raise AssertionError(f"source {sid} is used up but still in heads")

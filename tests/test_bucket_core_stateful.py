@@ -1,0 +1,237 @@
+"""Differential stateful test: native BucketCore vs pure BucketCore, driven like DelayIndex does.
+
+Both twins get the same operations: adds (with seals whenever ``add`` asks for one), batch
+adds, polls, sealed sources cut to segments with placeholders and "loaded" later, source
+removal, mark-delete, restore from bitmaps, and queries. Every result must be equal and both
+must pass ``_check`` after every step. A plain model (position -> deliver time) checks what the
+contract fixes independently of the twins: nothing is delivered early or twice, and a position
+is delivered only while tracked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from pyroaring import BitMap
+
+from delayindex import _impl
+
+native_module = _impl.native_module_or_none()
+assert native_module is not None, "the native extension must be built for the differential test"
+
+ledgers = st.integers(0, 6)
+entries = st.integers(0, 4)
+times = st.integers(-2, 60)
+
+
+class BucketCoreMachine(RuleBasedStateMachine):
+    """Native and pure BucketCore in lock step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cores: list[Any] = []
+        self.now = 0
+        self.next_sid = 0
+        # sid -> remaining segments [(times, ledgers, entries)] not yet "loaded"
+        self.pending: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        self.tracked: dict[tuple[int, int], int] = {}
+        self.cutoff = 0
+
+    @initialize(
+        tick=st.integers(0, 5),
+        strict=st.booleans(),
+        lookahead=st.integers(0, 3),
+        min_count=st.integers(1, 4),
+    )
+    def build(self, tick: int, strict: bool, lookahead: int, min_count: int) -> None:
+        self.cores = [
+            native_module.BucketCore(tick, strict, lookahead, min_count),
+            _impl.PureBucketCore(tick, strict, lookahead, min_count),
+        ]
+        self.tick, self.strict = tick, strict
+
+    def _cutoff(self) -> int:
+        return self.now if self.strict else self.now + self.tick
+
+    def _both(self, method: str, *args: Any) -> Any:
+        results = [getattr(core, method)(*args) for core in self.cores]
+        a, b = results
+        if isinstance(a, np.ndarray):
+            assert np.array_equal(a, b), (method, args, a, b)
+        elif isinstance(a, tuple) and a and isinstance(a[0], np.ndarray):
+            assert all(
+                np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y
+                for x, y in zip(a, b, strict=True)
+            ), (method, args, a, b)
+        else:
+            assert a == b, (method, args, a, b)
+        return a
+
+    def _seal(self, segment_size: int) -> None:
+        t, lg, en, start, end = self._both("seal")
+        if len(t) == 0:
+            return
+        sid = self.next_sid
+        self.next_sid += 1
+        self._both("add_range", start, end)
+        # Cut into segments: the first stays in memory, the rest are placeholders to "load".
+        cuts = [(t[i : i + segment_size], lg[i : i + segment_size], en[i : i + segment_size])
+                for i in range(0, len(t), segment_size)]  # fmt: skip
+        first, rest = cuts[0], cuts[1:]
+        next_time = int(rest[0][0][0]) if rest else -1
+        self._both("set_source", sid, *first, next_time)
+        self.pending[sid] = rest
+
+    @rule(ledger=ledgers, entry=entries, t=times, segment_size=st.integers(1, 3))
+    def add(self, ledger: int, entry: int, t: int, segment_size: int) -> None:
+        code = self._both("add", ledger, entry, t, self.now)
+        if code == 3:
+            self._seal(segment_size)
+            code = self._both("add", ledger, entry, t, self.now)
+            assert code != 3
+        if code == 0:
+            self.tracked.pop((ledger, entry), None)
+        elif code == 1:
+            assert (ledger, entry) not in self.tracked
+            self.tracked[(ledger, entry)] = t
+        else:
+            assert (ledger, entry) in self.tracked
+
+    @rule(
+        batch=st.lists(st.tuples(ledgers, entries, times), min_size=1, max_size=6),
+        segment_size=st.integers(1, 3),
+    )
+    def add_many(self, batch: list[tuple[int, int, int]], segment_size: int) -> None:
+        ls, es, ts = (np.array(col, dtype=np.int64) for col in zip(*batch, strict=True))
+        outs = [np.zeros(len(ls), dtype=np.bool_) for _ in self.cores]
+        start = 0
+        while True:
+            stops = [
+                core.add_many(ls, es, ts, self.now, out, start)
+                for core, out in zip(self.cores, outs, strict=True)
+            ]
+            assert stops[0] == stops[1]
+            for i in range(start, stops[0]):
+                key = (int(ls[i]), int(es[i]))
+                if not outs[0][i]:
+                    self.tracked.pop(key, None)
+                else:
+                    self.tracked.setdefault(key, int(ts[i]))
+            if stops[0] >= len(ls):
+                break
+            self._seal(segment_size)
+            start = stops[0]
+        assert np.array_equal(outs[0], outs[1])
+
+    @rule(dt=st.integers(0, 15))
+    def advance(self, dt: int) -> None:
+        self.now += dt
+
+    @rule(n=st.integers(-1, 6))
+    def poll(self, n: int) -> None:
+        got = self._both("poll", n, self.now)
+        assert got == sorted(got)
+        assert len(got) <= max(n, 0)
+        for pos in got:
+            key = (pos.ledger_id, pos.entry_id)
+            assert key in self.tracked, f"{key} delivered but not tracked"
+            assert self.tracked.pop(key) <= self._cutoff(), f"{key} delivered early"
+        sid = self.cores[0].load_needed
+        assert sid == self.cores[1].load_needed
+        if sid >= 0:
+            self._load(sid)
+
+    def _load(self, sid: int) -> None:
+        rest = self.pending[sid]
+        seg, rest = rest[0], rest[1:]
+        next_time = int(rest[0][0][0]) if rest else -1
+        self._both("set_source", sid, *seg, next_time)
+        self.pending[sid] = rest
+
+    @rule()
+    def take_exhausted(self) -> None:
+        for sid in self._both("take_exhausted"):
+            assert not self.pending.get(sid)
+
+    @rule(data=st.data())
+    def remove_source(self, data: st.DataObject) -> None:
+        sids = self.cores[0].source_ids()
+        assert sids == self.cores[1].source_ids()
+        if not sids:
+            return
+        sid = data.draw(st.sampled_from(sids))
+        self._both("remove_source", sid)
+        # Its indexes stay tracked but can no longer be delivered: untrack them as a trim would.
+        self.pending.pop(sid, None)
+
+    @rule(ledger=ledgers, entry=entries)
+    def mark_delete(self, ledger: int, entry: int) -> None:
+        self._both("untrack_upto", ledger, entry)
+        for key in [k for k in self.tracked if k <= (ledger, entry)]:
+            del self.tracked[key]
+
+    @rule(ledger=ledgers, values=st.lists(entries, max_size=3))
+    def restore(self, ledger: int, values: list[int]) -> None:
+        # Only positions not yet tracked anywhere: recovery restores into an empty ledger.
+        if any(k[0] == ledger for k in self.tracked):
+            return
+        self._both("restore", ledger, BitMap(values))
+        for entry in values:
+            self.tracked[(ledger, entry)] = -(10**9)  # recovered: time unknown to the model
+
+    @rule(ledger=ledgers, entry=entries)
+    def queries(self, ledger: int, entry: int) -> None:
+        assert self._both("contains", ledger, entry) == ((ledger, entry) in self.tracked)
+        self._both("has_due", self.now)
+        self._both("next_time")
+        self._both("should_pause", self.now)
+        self._both("in_sealed_range", ledger)
+        self._both(
+            "tracked_mask", np.array([ledger], dtype=np.int64), np.array([entry], dtype=np.int64)
+        )
+
+    @invariant()
+    def same_state(self) -> None:
+        if not self.cores:
+            return
+        for core in self.cores:
+            core._check()
+        assert len(self.cores[0]) == len(self.cores[1]) == len(self.tracked)
+        assert self.cores[0].mutable_range == self.cores[1].mutable_range
+        assert self.cores[0].loaded == self.cores[1].loaded
+        a, b = self.cores[0].counters(), self.cores[1].counters()
+        assert a == b
+
+
+TestBucketCoreDifferential = BucketCoreMachine.TestCase
+
+
+def test_seal_sorts_and_drops_untracked() -> None:
+    for cls in (native_module.BucketCore, _impl.PureBucketCore):
+        core = cls(0, False, 0, 10)
+        for entry, t in [(3, 50), (1, 20), (2, 20), (0, 90)]:
+            assert core.add(7, entry, t, 0) == 1
+        assert core.add(7, 0, 0, 0) == 0  # due re-add untracks: the seal must drop its node
+        t, lg, en, start, end = core.seal()
+        assert t.tolist() == [20, 20, 50] and en.tolist() == [1, 2, 3]
+        assert lg.tolist() == [7, 7, 7] and (start, end) == (7, 7)
+        assert core.mutable_range == (-1, -1)
+        core._check()
+
+
+def test_placeholder_blocks_until_loaded() -> None:
+    for cls in (native_module.BucketCore, _impl.PureBucketCore):
+        core = cls(0, True, 0, 1)
+        core.restore(1, BitMap([0, 1]))
+        core.add_range(1, 1)
+        core.set_source(0, [10], [1], [0], 15)  # segment 2 starts at t=15, not loaded
+        core.add(5, 0, 20, 0)
+        assert core.poll(10, 30) == [(1, 0)]
+        assert core.load_needed == 0
+        core.set_source(0, [15], [1], [1], -1)
+        assert core.poll(10, 30) == [(1, 1), (5, 0)]
+        assert core.take_exhausted() == [0]
+        core._check()
