@@ -37,6 +37,8 @@ class BucketCoreMachine(RuleBasedStateMachine):
         self.next_sid = 0
         # sid -> remaining segments [(times, ledgers, entries)] not yet "loaded"
         self.pending: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        # sid -> every segment of a sealed, not yet settled bucket
+        self.segments: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
         self.tracked: dict[tuple[int, int], int] = {}
         self.cutoff = 0
 
@@ -71,18 +73,45 @@ class BucketCoreMachine(RuleBasedStateMachine):
         return a
 
     def _seal(self, segment_size: int) -> None:
-        t, lg, en, start, end = self._both("seal")
-        if len(t) == 0:
-            return
         sid = self.next_sid
         self.next_sid += 1
+        # The copies come in heap-array order, which differs between a 4-ary and a binary
+        # heap: compare them sorted, as the snapshot builder sorts them.
+        sealed = []
+        for core in self.cores:
+            t, lg, en, start, end = core.seal(sid)
+            order = np.lexsort((en, lg, t))
+            sealed.append((t[order], lg[order], en[order], start, end))
+        (t, lg, en, start, end), other = sealed
+        assert all(np.array_equal(x, y) for x, y in zip(sealed[0][:3], other[:3], strict=True))
+        assert (start, end) == other[3:]
+        if len(t) == 0:
+            self._both("remove_source", sid)
+            return
         self._both("add_range", start, end)
-        # Cut into segments: the first stays in memory, the rest are placeholders to "load".
-        cuts = [(t[i : i + segment_size], lg[i : i + segment_size], en[i : i + segment_size])
-                for i in range(0, len(t), segment_size)]  # fmt: skip
-        first, rest = cuts[0], cuts[1:]
+        self.segments[sid] = [
+            (t[i : i + segment_size], lg[i : i + segment_size], en[i : i + segment_size])
+            for i in range(0, len(t), segment_size)
+        ]
+        self.pending[sid] = []
+
+    @rule(data=st.data())
+    def settle(self, data: st.DataObject) -> None:
+        """A sealed bucket became durable: keep its current segment, placeholder the rest."""
+        if not self.segments:
+            return
+        sid = data.draw(st.sampled_from(sorted(self.segments)))
+        segments = self.segments.pop(sid)
+        if not self.cores[0].has_source(sid):
+            return
+        head = self._both("source_head", sid)
+        if head is None:
+            return
+        lasts = [(int(s[0][-1]), int(s[1][-1]), int(s[2][-1])) for s in segments]
+        k = next(i for i, last in enumerate(lasts) if last >= head)
+        rest = segments[k + 1 :]
         next_time = int(rest[0][0][0]) if rest else -1
-        self._both("set_source", sid, *first, next_time)
+        self._both("cut_source", sid, *lasts[k], next_time)
         self.pending[sid] = rest
 
     @rule(ledger=ledgers, entry=entries, t=times, segment_size=st.integers(1, 3))
@@ -164,8 +193,9 @@ class BucketCoreMachine(RuleBasedStateMachine):
             return
         sid = data.draw(st.sampled_from(sids))
         self._both("remove_source", sid)
-        # Its indexes stay tracked but can no longer be delivered: untrack them as a trim would.
+        # Its indexes stay tracked but can no longer be delivered (a trim would untrack them).
         self.pending.pop(sid, None)
+        self.segments.pop(sid, None)
 
     @rule(ledger=ledgers, entry=entries)
     def mark_delete(self, ledger: int, entry: int) -> None:
@@ -209,16 +239,20 @@ class BucketCoreMachine(RuleBasedStateMachine):
 TestBucketCoreDifferential = BucketCoreMachine.TestCase
 
 
-def test_seal_sorts_and_drops_untracked() -> None:
+def test_seal_moves_the_heap_and_drops_untracked() -> None:
     for cls in (native_module.BucketCore, _impl.PureBucketCore):
         core = cls(0, False, 0, 10)
         for entry, t in [(3, 50), (1, 20), (2, 20), (0, 90)]:
             assert core.add(7, entry, t, 0) == 1
         assert core.add(7, 0, 0, 0) == 0  # due re-add untracks: the seal must drop its node
-        t, lg, en, start, end = core.seal()
-        assert t.tolist() == [20, 20, 50] and en.tolist() == [1, 2, 3]
+        t, lg, en, start, end = core.seal(0)
+        assert sorted(zip(t.tolist(), en.tolist(), strict=True)) == [(20, 1), (20, 2), (50, 3)]
         assert lg.tolist() == [7, 7, 7] and (start, end) == (7, 7)
         assert core.mutable_range == (-1, -1)
+        assert core.source_head(0) == (20, 7, 1) and core.source_remaining(0) == 3
+        assert core.cut_source(0, 20, 7, 2, 50) == 2  # settle: segment 1 kept, 2 in storage
+        assert core.source_remaining(0) == 2
+        assert core.poll(10, 100) == [(7, 1), (7, 2)] and core.load_needed == 0
         core._check()
 
 

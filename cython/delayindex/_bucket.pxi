@@ -13,7 +13,7 @@
 # whose heap node may remain (re-tracking purges it). ``shadow``: positions tracked in the direct
 # heap while their ledger is in a sealed range; their segment copies are obsolete.
 #
-# Invariants (_check): count == bitmap cardinality, no empty bitmap kept; heads holds exactly one
+# Invariants (_check): count == bitmap cardinality (emptied bitmaps are swept lazily); heads holds one
 # key per live source, equal to its head or placeholder; cursors within their arrays; mutable
 # nodes lie in the mutable range.
 
@@ -36,8 +36,10 @@ cdef inline bint head_lt(const Head* a, const Head* b) noexcept nogil:
 
 @cython.final
 cdef class _Src:
-    """One segment source: sorted int64 arrays, a cursor, and the next segment's min time."""
+    """One segment source: sorted int64 arrays with a cursor, or (a freshly sealed bucket) the
+    mutable bucket's heap; plus the next unloaded segment's min time (-1: none)."""
     cdef object arrays
+    cdef TripleHeap heap          # not None: a heap source (arrays unused)
     cdef const int64_t* times
     cdef const int64_t* ledgers
     cdef const int64_t* entries
@@ -45,8 +47,22 @@ cdef class _Src:
     cdef int64_t next_time
     cdef int64_t sid
 
+    cdef inline Py_ssize_t remaining(self) noexcept:
+        return self.heap.n if self.heap is not None else self.n - self.pos
+
     cdef inline bint key(self, Head* out) noexcept:
-        if self.pos < self.n:
+        if self.heap is not None:
+            if self.heap.n > 0:
+                out.time = self.heap.data[0].time
+                out.ledger = self.heap.data[0].ledger
+                out.entry = self.heap.data[0].entry
+            elif self.next_time >= 0:
+                out.time = self.next_time
+                out.ledger = -1
+                out.entry = -1
+            else:
+                return False
+        elif self.pos < self.n:
             out.time = self.times[self.pos]
             out.ledger = self.ledgers[self.pos]
             out.entry = self.entries[self.pos]
@@ -88,6 +104,7 @@ cdef class BucketCore:
     cdef int64_t max_sealed_end
     cdef list exhausted
     cdef int64_t mark_ledger, mark_entry     # highest untrack_upto position
+    cdef bint mutable_dirty                  # something was untracked since the last seal
     cdef public int64_t load_needed
     cdef int64_t _tick
     cdef readonly bint strict
@@ -97,6 +114,7 @@ cdef class BucketCore:
     cdef int64_t highest
     cdef int64_t n_add_calls, n_added, n_duplicates, n_rejected, n_untracked_due
     cdef int64_t n_delivered, n_skipped, n_polls, n_direct
+    cdef Py_ssize_t delivered_since_sweep
 
     def __cinit__(self, int64_t tick_ms, bint strict, int64_t fixed_delay_lookahead,
                   int64_t min_index_count_per_bucket):
@@ -221,6 +239,7 @@ cdef class BucketCore:
             return False
         bm.discard(entry)
         self.count -= 1
+        self.mutable_dirty = True
         if not bm:
             self.drop_ledger(ledger)
         return True
@@ -272,6 +291,7 @@ cdef class BucketCore:
                 if not bm:
                     self.drop_ledger(key)
         self.count -= removed
+        self.mutable_dirty = True
         if self.shadow:
             self.shadow = {p for p in self.shadow if p > (ledger, entry)}
         return removed
@@ -283,6 +303,7 @@ cdef class BucketCore:
             removed += len(self.index[key])
             self.drop_ledger(key)
         self.count -= removed
+        self.mutable_dirty = True
         return removed
 
     # -- add --------------------------------------------------------------------------------
@@ -383,40 +404,92 @@ cdef class BucketCore:
 
     # -- seal -------------------------------------------------------------------------------
 
-    def seal(self):
-        """Empty the mutable bucket: its tracked indexes sorted by (time, ledger, entry).
+    def seal(self, int64_t sid):
+        """Seal the mutable bucket into heap source ``sid``: O(1) for the index.
 
-        Returns ``(times, ledgers, entries, start_ledger, end_ledger)`` and resets the range.
+        The mutable heap itself becomes the source (no sort, no copy of the structure);
+        untracked nodes are dropped first only if something was untracked while it filled.
+        Returns an unsorted copy ``(times, ledgers, entries, start_ledger, end_ledger)`` of the
+        sealed indexes, for the snapshot, and resets the mutable range to ``(-1, -1)``.
         """
-        cdef Py_ssize_t n = self.mutable.n, i, k = 0
-        cdef Triple* buf = <Triple*> malloc(<size_t> (n if n else 1) * sizeof(Triple))
+        cdef int64_t start = self.mutable_start, end = self.mutable_end
+        cdef TripleHeap heap = self.mutable
+        cdef Py_ssize_t i, j = 0
         cdef Triple x
         cdef object bm
-        cdef int64_t start = self.mutable_start, end = self.mutable_end
-        cdef int64_t[::1] ts, ls, es
-        if buf == NULL:
-            raise MemoryError()
-        try:
-            for i in range(n):
-                x = self.mutable.data[i]
+        if sid < 0 or sid in self.sources:
+            raise ValueError(f"source id {sid} is negative or taken")
+        if self.mutable_dirty:
+            for i in range(heap.n):
+                x = heap.data[i]
                 bm = self.bitmap(x.ledger, False)
                 if bm is not None and x.entry in bm:
-                    buf[k] = x
-                    k += 1
-            di_sort_triples_raw(<void*> buf, k)  # Triple and DiTriple share a layout
-            t_arr = np.empty(k, dtype=np.int64)
-            l_arr = np.empty(k, dtype=np.int64)
-            e_arr = np.empty(k, dtype=np.int64)
-            ts, ls, es = t_arr, l_arr, e_arr
-            for i in range(k):
-                ts[i] = buf[i].time
-                ls[i] = buf[i].ledger
-                es[i] = buf[i].entry
-        finally:
-            free(buf)
-        self.mutable.cclear()
+                    heap.data[j] = x
+                    j += 1
+            if j != heap.n:
+                heap.n = j
+                heap._heapify()
+        arrays = heap.to_arrays()
+        self.mutable = TripleHeap()
         self.mutable_start = self.mutable_end = -1
-        return t_arr, l_arr, e_arr, start, end
+        self.mutable_dirty = False
+        cdef _Src src = _Src.__new__(_Src)
+        src.heap = heap
+        src.next_time = -1
+        src.sid = sid
+        self.sources[sid] = src
+        cdef Head h
+        if src.key(&h):
+            self.heads_push(h)
+        else:
+            self.exhausted.append(sid)
+        return arrays[0], arrays[1], arrays[2], start, end
+
+    def source_head(self, int64_t sid):
+        """The next index ``(time, ledger, entry)`` of source ``sid`` in memory, or None."""
+        cdef _Src src = <_Src> self.sources[sid]
+        cdef Head h
+        if not src.key(&h) or h.ledger < 0:
+            return None
+        return (h.time, h.ledger, h.entry)
+
+    def cut_source(self, int64_t sid, int64_t last_time, int64_t last_ledger,
+                   int64_t last_entry, int64_t next_time) -> int:
+        """Keep only source ``sid``'s indexes ``<= (last_time, last_ledger, last_entry)`` (the
+        current segment), as a compact array, with placeholder ``next_time``; return how many.
+
+        Used when a sealed bucket's snapshot becomes durable: the rest is in storage.
+        """
+        cdef _Src src = <_Src> self.sources[sid]
+        cdef Triple last, x
+        cdef Py_ssize_t k = 0, i
+        cdef int64_t[::1] ts, ls, es
+        last.time, last.ledger, last.entry = last_time, last_ledger, last_entry
+        if src.heap is not None:
+            k = 0
+            t_arr = np.empty(src.heap.n, dtype=np.int64)
+            l_arr = np.empty(src.heap.n, dtype=np.int64)
+            e_arr = np.empty(src.heap.n, dtype=np.int64)
+            ts, ls, es = t_arr, l_arr, e_arr
+            while src.heap.n and not triple_lt(&last, &src.heap.data[0]):
+                x = src.heap.cpop()
+                ts[k] = x.time
+                ls[k] = x.ledger
+                es[k] = x.entry
+                k += 1
+            arrays = (t_arr[:k].copy(), l_arr[:k].copy(), e_arr[:k].copy())
+        else:
+            i = src.pos
+            while i < src.n:
+                x.time, x.ledger, x.entry = src.times[i], src.ledgers[i], src.entries[i]
+                if triple_lt(&last, &x):
+                    break
+                i += 1
+            t_all, l_all, e_all = src.arrays
+            arrays = (t_all[src.pos:i].copy(), l_all[src.pos:i].copy(), e_all[src.pos:i].copy())
+            k = i - src.pos
+        self.set_source(sid, arrays[0], arrays[1], arrays[2], next_time)
+        return k
 
     # -- heads heap -------------------------------------------------------------------------
 
@@ -513,13 +586,9 @@ cdef class BucketCore:
         if src is not None:
             self.heads_drop(<void*> src)
 
-    def source_cursor(self, int64_t sid) -> int:
-        """How many indexes of source ``sid``'s arrays were consumed."""
-        return (<_Src> self.sources[sid]).pos
-
-    def source_length(self, int64_t sid) -> int:
-        """Indexes in source ``sid``'s arrays (consumed ones included)."""
-        return (<_Src> self.sources[sid]).n
+    def source_remaining(self, int64_t sid) -> int:
+        """Indexes source ``sid`` still holds in memory."""
+        return (<_Src> self.sources[sid]).remaining()
 
     def has_source(self, int64_t sid) -> bool:
         """Whether ``sid`` is a segment source."""
@@ -568,6 +637,8 @@ cdef class BucketCore:
             got.entry = top.entry
             src = <_Src> top.src
             src.pos += 1
+            if src.heap is not None:
+                src.heap.cpop()
             if src.key(&nxt):
                 self.heads_sift_down(0, nxt)
             else:
@@ -586,6 +657,36 @@ cdef class BucketCore:
             if self.stale:
                 self.stale.discard((got.ledger, got.entry))
             return 0
+        return 1
+
+    cdef int pop_raw(self, int best, Triple* got) except -1:
+        """Remove the smallest (non-placeholder) key into ``got``; 0 if it is an obsolete
+        segment copy (shadowed), else 1 (the caller tests membership)."""
+        cdef Head* top
+        cdef _Src src
+        cdef Head nxt
+        if best == 3:
+            top = &self.heads[0]
+            got.time = top.time
+            got.ledger = top.ledger
+            got.entry = top.entry
+            src = <_Src> top.src
+            src.pos += 1
+            if src.heap is not None:
+                src.heap.cpop()
+            if src.key(&nxt):
+                self.heads_sift_down(0, nxt)
+            else:
+                self.heads_pop()
+                self.exhausted.append(src.sid)
+            if self.shadow and (got.ledger, got.entry) in self.shadow:
+                return 0
+        elif best == 1:
+            got[0] = self.mutable.cpop()
+        else:
+            got[0] = self.direct.cpop()
+            if self.shadow:
+                self.shadow.discard((got.ledger, got.entry))
         return 1
 
     cdef int purge(self, Triple* key) except -1:
@@ -617,7 +718,8 @@ cdef class BucketCore:
         cdef Py_ssize_t k = 0, room = 0, i
         cdef Triple key, got
         cdef int best
-        cdef object bm
+        cdef object bm, remove = None
+        cdef int64_t cur_ledger = -1
         cdef list out
         cdef int64_t prev
         cdef object ledger_obj
@@ -641,18 +743,30 @@ cdef class BucketCore:
                     if grown == NULL:
                         raise MemoryError()
                     buf = grown
-                if not self.pop(best, &got):
+                if not self.pop_raw(best, &got):
                     self.n_skipped += 1
                     continue
-                bm = self.bitmap(got.ledger, False)
-                bm.discard(got.entry)
-                if not bm:
-                    self.drop_ledger(got.ledger)
+                if got.ledger != cur_ledger:
+                    cur_ledger = got.ledger
+                    bm = self.index.get(cur_ledger)
+                    remove = None if bm is None else bm.remove
+                # One call both tests and clears the bit; KeyError means "not tracked": a copy
+                # left by delivery, a due re-add or a mark-delete (dedup on pop).
+                try:
+                    if remove is None:
+                        raise KeyError
+                    remove(got.entry)
+                except KeyError:
+                    if self.stale:
+                        self.stale.discard((got.ledger, got.entry))
+                    self.n_skipped += 1
+                    continue
                 buf[k].ledger = got.ledger
                 buf[k].entry = got.entry
                 k += 1
             self.count -= k
             self.n_delivered += k
+            self.delivered_since_sweep += k
             self.mutable._maybe_shrink()
             self.direct._maybe_shrink()
             di_sort_pos(buf, k)
@@ -666,10 +780,19 @@ cdef class BucketCore:
                 out[i] = di_make_pair(Position, ledger_obj, buf[i].entry)
         finally:
             free(buf)
+        if self.delivered_since_sweep > len(self.index):
+            self.sweep_empty()
         if self.count == 0:
             self.fixed_delay = True
             self.highest = 0
         return out
+
+    cdef void sweep_empty(self):
+        # Bitmaps emptied by delivery go lazily: O(1) amortized per delivered position.
+        for ledger in [ledger for ledger, bm in self.index.items() if not bm]:
+            del self.index[ledger]
+        self.last_bm = None
+        self.delivered_since_sweep = 0
 
     def has_due(self, now) -> bool:
         """Whether the smallest loaded key (or a placeholder) is due at ``now``."""
@@ -707,7 +830,7 @@ cdef class BucketCore:
         cdef _Src src
         for value in self.sources.values():
             src = <_Src> value
-            total += src.n - src.pos
+            total += src.remaining()
         return total
 
     def clear(self) -> None:
@@ -718,8 +841,10 @@ cdef class BucketCore:
         self.mutable.cclear()
         self.direct.cclear()
         self.mutable_start = self.mutable_end = -1
+        self.mutable_dirty = False
         self.stale.clear()
         self.shadow.clear()
+        self.delivered_since_sweep = 0
         self.nheads = 0
         self.sources.clear()
         self.ranges.clear()
@@ -732,10 +857,12 @@ cdef class BucketCore:
 
     def memory_bytes(self) -> int:
         """Resident estimate: heaps + source arrays (24 B per index) + bitmaps + containers."""
+        cdef _Src src
         cdef Py_ssize_t total = (self.mutable.cap + self.direct.cap) * sizeof(Triple)
         total += self.heads_cap * sizeof(Head)
         for value in self.sources.values():
-            total += 24 * (<_Src> value).n
+            src = <_Src> value
+            total += 24 * src.n if src.heap is None else src.heap.cap * sizeof(Triple)
         total += sys.getsizeof(self.index) + sys.getsizeof(self.stale) + sys.getsizeof(self.shadow)
         for bm in self.index.values():
             total += sys.getsizeof(bm) + BITMAP_OVERHEAD
@@ -774,8 +901,6 @@ cdef class BucketCore:
         self.direct._check()
         cardinality = 0
         for bm in self.index.values():
-            if not bm:
-                raise AssertionError("an empty bitmap is kept in the index")
             cardinality += len(bm)
         if cardinality != self.count:
             raise AssertionError(f"count {self.count} != bitmap cardinality {cardinality}")
@@ -793,7 +918,9 @@ cdef class BucketCore:
             seen[src.sid] = i
         for sid, value in self.sources.items():
             src = <_Src> value
-            if not 0 <= src.pos <= src.n:
+            if src.heap is not None:
+                src.heap._check()
+            elif not 0 <= src.pos <= src.n:
                 raise AssertionError(f"source {sid}: cursor {src.pos} out of range")
             if src.key(&h):
                 i = seen.get(sid, -1)

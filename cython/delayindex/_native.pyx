@@ -58,41 +58,6 @@ cdef extern from *:
         return a->ledger < b->ledger || (a->ledger == b->ledger && a->entry < b->entry);
     }
 
-    typedef struct { long long time; long long ledger; long long entry; } DiTriple;
-
-    static inline int di_triple_lt(const DiTriple* a, const DiTriple* b) {
-        if (a->time != b->time) return a->time < b->time;
-        if (a->ledger != b->ledger) return a->ledger < b->ledger;
-        return a->entry < b->entry;
-    }
-
-    /* Sorts a sealed bucket's indexes; same shape as di_sort_pos below. */
-    static void di_sort_triples(DiTriple* a, Py_ssize_t n) {
-        while (n > 16) {
-            Py_ssize_t i = 0, j = n - 1, mid = n / 2;
-            DiTriple t, pivot;
-            if (di_triple_lt(&a[mid], &a[0])) { t = a[mid]; a[mid] = a[0]; a[0] = t; }
-            if (di_triple_lt(&a[j], &a[0])) { t = a[j]; a[j] = a[0]; a[0] = t; }
-            if (di_triple_lt(&a[j], &a[mid])) { t = a[j]; a[j] = a[mid]; a[mid] = t; }
-            pivot = a[mid];
-            for (;;) {
-                while (di_triple_lt(&a[i], &pivot)) i++;
-                while (di_triple_lt(&pivot, &a[j])) j--;
-                if (i >= j) break;
-                t = a[i]; a[i] = a[j]; a[j] = t;
-                i++; j--;
-            }
-            if (j + 1 < n - j - 1) { di_sort_triples(a, j + 1); a += j + 1; n -= j + 1; }
-            else { di_sort_triples(a + j + 1, n - j - 1); n = j + 1; }
-        }
-        for (Py_ssize_t i = 1; i < n; i++) {
-            DiTriple x = a[i];
-            Py_ssize_t k = i;
-            while (k > 0 && di_triple_lt(&x, &a[k - 1])) { a[k] = a[k - 1]; k--; }
-            a[k] = x;
-        }
-    }
-
     static void di_sort_pos(DiPos* a, Py_ssize_t n) {
         while (n > 16) {
             Py_ssize_t i = 0, j = n - 1, mid = n / 2;
@@ -124,7 +89,6 @@ cdef extern from *:
         long long ledger
         long long entry
     void di_sort_pos(DiPos* a, Py_ssize_t n) nogil
-    void di_sort_triples_raw "di_sort_triples"(void* a, Py_ssize_t n) nogil
     object di_make_pair(object type, object first, long long second)
     tuple di_int_triple(long long a, long long b, long long c)
 

@@ -23,7 +23,8 @@ exist (re-tracking purges that node first), and ``shadow`` holds positions track
 heap while their ledger lies in a sealed range: any segment copy of such a position is obsolete
 and skipped.
 
-Invariants (``_check``): count == bitmap cardinality; mutable, direct and segment sources hold
+Invariants (``_check``): count == bitmap cardinality (bitmaps emptied by delivery are swept
+lazily); mutable, direct and segment sources hold
 only valid triples; every segment source's cursor is within its arrays; ``heads`` holds exactly
 one live key per segment source, equal to its current head or placeholder; mutable ledgers lie in
 the mutable range.
@@ -62,18 +63,33 @@ def _column(values: object) -> Int64Array:
 
 
 class _Source:
-    __slots__ = ("entries", "ledgers", "next_time", "pos", "times")
+    """Sorted arrays with a cursor, or (a freshly sealed bucket) the mutable heap itself."""
+
+    __slots__ = ("entries", "heap", "ledgers", "next_time", "pos", "times")
 
     def __init__(
-        self, times: Int64Array, ledgers: Int64Array, entries: Int64Array, next_time: int
+        self,
+        times: Int64Array,
+        ledgers: Int64Array,
+        entries: Int64Array,
+        next_time: int,
+        heap: TripleHeap | None = None,
     ) -> None:
         self.times = times.tolist()
         self.ledgers = ledgers.tolist()
         self.entries = entries.tolist()
         self.pos = 0
         self.next_time = next_time
+        self.heap = heap
+
+    def remaining(self) -> int:
+        return len(self.heap) if self.heap is not None else len(self.times) - self.pos
 
     def key(self) -> tuple[int, int, int] | None:
+        if self.heap is not None:
+            if self.heap:
+                return self.heap.peek()
+            return (self.next_time, -1, -1) if self.next_time >= 0 else None
         if self.pos < len(self.times):
             p = self.pos
             return (self.times[p], self.ledgers[p], self.entries[p])
@@ -122,6 +138,8 @@ class BucketCore:
         self._max_sealed_end = -1
         self._exhausted: list[int] = []
         self._mark = (-1, -1)  # highest untrack_upto position
+        self._mutable_dirty = False  # something was untracked since the last seal
+        self._delivered_since_sweep = 0
         self.load_needed = -1
         self._fixed_delay = True
         self._highest = 0
@@ -197,6 +215,7 @@ class BucketCore:
             return False
         bm.remove(entry)
         self._count -= 1
+        self._mutable_dirty = True
         if not bm:
             del self._index[ledger]
         return True
@@ -246,6 +265,7 @@ class BucketCore:
                 if not bm:
                     del self._index[key]
         self._count -= removed
+        self._mutable_dirty = True
         if self._shadow:
             self._shadow = {p for p in self._shadow if p > (ledger, entry)}
         return removed
@@ -256,6 +276,7 @@ class BucketCore:
         for key in [k for k in self._index if start <= k <= end]:
             removed += len(self._index.pop(key))
         self._count -= removed
+        self._mutable_dirty = True
         return removed
 
     # -- add --------------------------------------------------------------------------------
@@ -356,20 +377,62 @@ class BucketCore:
 
     # -- seal -------------------------------------------------------------------------------
 
-    def seal(self) -> tuple[Int64Array, Int64Array, Int64Array, int, int]:
-        """Empty the mutable bucket: its tracked indexes sorted by (time, ledger, entry).
+    def seal(self, sid: int) -> tuple[Int64Array, Int64Array, Int64Array, int, int]:
+        """Seal the mutable bucket into heap source ``sid`` (the heap itself moves; O(1)).
 
-        Returns ``(times, ledgers, entries, start_ledger, end_ledger)`` and resets the mutable
-        range to ``(-1, -1)``. Stale nodes are dropped (they are not tracked).
+        Untracked nodes are dropped first only if something was untracked while it filled.
+        Returns an unsorted copy ``(times, ledgers, entries, start_ledger, end_ledger)`` of the
+        sealed indexes, for the snapshot, and resets the mutable range to ``(-1, -1)``.
         """
-        t, lg, en = self._mutable.to_arrays()
+        if sid < 0 or sid in self._sources:
+            raise ValueError(f"source id {sid} is negative or taken")
+        heap = self._mutable
+        if self._mutable_dirty:
+            t, lg, en = heap.to_arrays()
+            keep = self.tracked_mask(lg, en)
+            if not keep.all():
+                heap = TripleHeap()
+                heap.push_many(t[keep], lg[keep], en[keep])
+        t, lg, en = heap.to_arrays()
         start, end = self._mutable_start, self._mutable_end
-        self._mutable.clear()
+        self._mutable = TripleHeap()
         self._mutable_start = self._mutable_end = -1
-        keep = self.tracked_mask(lg, en)
-        t, lg, en = t[keep], lg[keep], en[keep]
-        order = np.lexsort((en, lg, t))
-        return t[order], lg[order], en[order], start, end
+        self._mutable_dirty = False
+        empty = np.empty(0, dtype=np.int64)
+        src = _Source(empty, empty, empty, -1, heap)
+        self._sources[sid] = src
+        key = src.key()
+        if key is None:
+            self._exhausted.append(sid)
+        else:
+            heapq.heappush(self._heads, (*key, sid))
+        return t, lg, en, start, end
+
+    def source_head(self, sid: int) -> tuple[int, int, int] | None:
+        """The next index ``(time, ledger, entry)`` of source ``sid`` in memory, or None."""
+        key = self._sources[sid].key()
+        return None if key is None or key[1] < 0 else key
+
+    def cut_source(
+        self, sid: int, last_time: int, last_ledger: int, last_entry: int, next_time: int
+    ) -> int:
+        """Keep only source ``sid``'s indexes ``<= (last_time, last_ledger, last_entry)`` as a
+        compact array, with placeholder ``next_time``; return how many."""
+        src = self._sources[sid]
+        last = (last_time, last_ledger, last_entry)
+        kept: list[tuple[int, int, int]] = []
+        if src.heap is not None:
+            while src.heap and src.heap.peek() <= last:
+                kept.append(src.heap.pop())
+        else:
+            i = src.pos
+            while i < len(src.times) and (src.times[i], src.ledgers[i], src.entries[i]) <= last:
+                kept.append((src.times[i], src.ledgers[i], src.entries[i]))
+                i += 1
+        cols = [np.array(c, dtype=np.int64) for c in zip(*kept, strict=True)] if kept else [
+            np.empty(0, dtype=np.int64)] * 3  # fmt: skip
+        self.set_source(sid, cols[0], cols[1], cols[2], next_time)
+        return len(kept)
 
     # -- segment sources --------------------------------------------------------------------
 
@@ -406,13 +469,9 @@ class BucketCore:
         self._heads = [h for h in self._heads if h[3] != sid]
         heapq.heapify(self._heads)
 
-    def source_cursor(self, sid: int) -> int:
-        """How many indexes of source ``sid``'s arrays were consumed."""
-        return self._sources[sid].pos
-
-    def source_length(self, sid: int) -> int:
-        """Indexes in source ``sid``'s arrays (consumed ones included)."""
-        return len(self._sources[sid].times)
+    def source_remaining(self, sid: int) -> int:
+        """Indexes source ``sid`` still holds in memory."""
+        return self._sources[sid].remaining()
 
     def has_source(self, sid: int) -> bool:
         """Whether ``sid`` is a segment source."""
@@ -466,6 +525,8 @@ class BucketCore:
             _, ledger, entry, sid = heads[0]
             src = self._sources[sid]
             src.pos += 1
+            if src.heap is not None:
+                src.heap.pop()
             nxt = src.key()
             if nxt is None:
                 heapq.heappop(heads)
@@ -523,16 +584,19 @@ class BucketCore:
                 break
             ledger, entry, live = self._pop(best)
             if live:
-                bm = self._index[ledger]
-                bm.remove(entry)
-                if not bm:
-                    del self._index[ledger]
+                self._index[ledger].remove(entry)
                 out.append(Position(ledger, entry))
             else:
                 skipped += 1
         self._count -= len(out)
         self._n["delivered"] += len(out)
         self._n["skipped_on_pop"] += skipped
+        # Bitmaps emptied by delivery go lazily: O(1) amortized per delivered position.
+        self._delivered_since_sweep += len(out)
+        if self._delivered_since_sweep > len(self._index):
+            for key in [k for k, bm in self._index.items() if not bm]:
+                del self._index[key]
+            self._delivered_since_sweep = 0
         if self._count == 0:  # emptied: fixed-delay detection starts over
             self._fixed_delay = True
             self._highest = 0
@@ -577,7 +641,7 @@ class BucketCore:
         return (
             len(self._mutable)
             + len(self._direct)
-            + sum(len(s.times) - s.pos for s in self._sources.values())
+            + sum(s.remaining() for s in self._sources.values())
         )
 
     def clear(self) -> None:
@@ -587,8 +651,10 @@ class BucketCore:
         self._mutable.clear()
         self._direct.clear()
         self._mutable_start = self._mutable_end = -1
+        self._mutable_dirty = False
         self._stale.clear()
         self._shadow.clear()
+        self._delivered_since_sweep = 0
         self._sources.clear()
         self._heads.clear()
         self._ranges.clear()
@@ -602,7 +668,9 @@ class BucketCore:
     def memory_bytes(self) -> int:
         """Resident estimate: heaps + source arrays (24 B per index) + bitmaps + containers."""
         total = self._mutable.nbytes + self._direct.nbytes
-        total += sum(24 * len(s.times) for s in self._sources.values())
+        total += sum(
+            24 * len(s.times) if s.heap is None else s.heap.nbytes for s in self._sources.values()
+        )
         total += sys.getsizeof(self._index) + sys.getsizeof(self._stale)
         total += sys.getsizeof(self._shadow) + sys.getsizeof(self._heads)
         total += sum(bm.get_statistics()["n_bytes_array_containers"] + bm.get_statistics()[
@@ -633,14 +701,14 @@ class BucketCore:
         cardinality = sum(len(bm) for bm in self._index.values())
         if cardinality != self._count:
             raise AssertionError(f"count {self._count} != bitmap cardinality {cardinality}")
-        if any(not bm for bm in self._index.values()):
-            raise AssertionError("an empty bitmap is kept in the index")
         _, ls, _ = self._mutable.to_arrays()
         if len(ls) and not (self._mutable_start <= ls.min() and ls.max() <= self._mutable_end):
             raise AssertionError("a mutable node lies outside the mutable range")
         live = {h[3] for h in self._heads if h[3] in self._sources}
         for sid, src in self._sources.items():
-            if not 0 <= src.pos <= len(src.times):
+            if src.heap is not None:
+                src.heap._check()
+            elif not 0 <= src.pos <= len(src.times):
                 raise AssertionError(f"source {sid}: cursor {src.pos} out of range")
             key = src.key()
             if key is not None and (*key, sid) not in self._heads:

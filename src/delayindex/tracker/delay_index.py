@@ -74,6 +74,8 @@ _DEFAULT_CONFIG = TrackerConfig()
 #: Most buckets one merge combines (Pulsar's MAX_MERGE_NUM).
 MAX_MERGE_NUM = 4
 _SEAL_FIRST = 3
+#: A segment load reads consecutive segments until they hold this many indexes.
+LOAD_BATCH_INDEXES = 4096
 Int64Array = npt.NDArray[np.int64]
 
 
@@ -167,6 +169,11 @@ class _OpStats:
             "mean_ms": self.total_ms / n if n else 0.0,
             "max_ms": self.max_ms,
         }
+
+
+def _segment_lasts(segments: list[Any]) -> list[tuple[int, int, int]]:
+    """The last ``(time, ledger, entry)`` of each segment, in segment order."""
+    return [(int(s.times[-1]), int(s.ledgers[-1]), int(s.entries[-1])) for s in segments]
 
 
 def select_merge_window(
@@ -550,13 +557,17 @@ class DelayIndex:
         return out
 
     def _seal(self) -> None:
-        """Seal the mutable bucket (lock held): the inline part; persistence is queued."""
-        times, ledgers, entries, start, end = self._core.seal()
+        """Seal the mutable bucket (lock held): O(1) for the index, plus one copy of its
+        indexes for the snapshot; sorting, cutting, encoding and I/O are queued."""
+        sid = self._next_sid
+        self._next_sid += 1
+        times, ledgers, entries, start, end = self._core.seal(sid)
         if len(times) == 0:
+            self._core.remove_source(sid)
             return
-        bucket = self._new_bucket(start, end, len(times))
+        bucket = _Bucket(sid, start, end, len(times))
+        self._buckets[sid] = bucket
         self._core.add_range(start, end)
-        self._core.set_source(bucket.sid, times, ledgers, entries, -1)
         epoch = self._epoch
         self._queue(lambda: self._create_job(bucket, times, ledgers, entries, epoch))
         self._maybe_merge()
@@ -606,26 +617,21 @@ class DelayIndex:
                 self._queue(lambda: self._delete_job(record.snapshot_id))
                 return
             self._make_durable(bucket, record, metadata)
-            self._settle(bucket, times, ledgers, entries)
+            self._settle(bucket, _segment_lasts(segments))
 
-    def _settle(
-        self, bucket: _Bucket, times: Int64Array, ledgers: Int64Array, entries: Int64Array
-    ) -> None:
-        """A durable bucket whose data is all in memory: keep only its current segment."""
+    def _settle(self, bucket: _Bucket, lasts: list[tuple[int, int, int]]) -> None:
+        """A durable bucket whose data is all in memory: keep only its current segment.
+
+        ``lasts`` holds the last index of each segment; the current segment is the first whose
+        last index is not yet consumed.
+        """
         core = self._core
-        if bucket.exhausted or not core.has_source(bucket.sid):
+        head = core.source_head(bucket.sid) if core.has_source(bucket.sid) else None
+        if bucket.exhausted or head is None:
             self._retire(bucket)
             return
-        cursor = core.source_cursor(bucket.sid)
-        if cursor >= len(times):
-            self._retire(bucket)
-            return
-        k = bisect.bisect_right(bucket.bounds, cursor)  # 0-based segment holding the cursor
-        stop = bucket.bounds[k]
-        core.set_source(
-            bucket.sid, times[cursor:stop].copy(), ledgers[cursor:stop].copy(),
-            entries[cursor:stop].copy(), bucket.next_time(k + 1),
-        )  # fmt: skip
+        k = bisect.bisect_left(lasts, head)  # 0-based segment holding the head
+        core.cut_source(bucket.sid, *lasts[k], bucket.next_time(k + 1))
         bucket.current = k + 1
         if self._mark is not None and bucket.end < self._mark[0]:
             self._retire(bucket)
@@ -740,7 +746,7 @@ class DelayIndex:
             self._core.add_range(merged.start, merged.end)
             self._make_durable(merged, record, metadata)
             self._core.set_source(merged.sid, times, ledgers, entries, -1)
-            self._settle(merged, times, ledgers, entries)
+            self._settle(merged, _segment_lasts(segments))
 
     # -- delivery -------------------------------------------------------------------------------
 
@@ -784,27 +790,41 @@ class DelayIndex:
         return out
 
     def _load(self, sid: int) -> bool:
-        """Load the next segment of bucket ``sid`` (lock held); False if it failed."""
+        """Load bucket ``sid``'s next segments (lock held); False if the read failed.
+
+        Consecutive segments are read together until they hold :data:`LOAD_BATCH_INDEXES`
+        indexes: a realistic bucket's far-future tail is hundreds of one-index segments, and
+        one read per index would bound delivery by storage latency.
+        """
         bucket = self._buckets[sid]
         started = time.perf_counter()
-        segment_no = bucket.current + 1
+        first = bucket.current + 1
+        base = bucket.bounds[first - 2] if first > 1 else 0
+        last = bisect.bisect_right(bucket.bounds, base + LOAD_BATCH_INDEXES)
+        last = min(max(last, first), bucket.num_segments)
         try:
             assert bucket.snapshot_id is not None
-            segments = self._storage.get_segments(bucket.snapshot_id, segment_no, segment_no)
-            if not segments:
-                raise SnapshotCorruptError(f"{bucket.snapshot_id}: segment {segment_no} is missing")
+            segments = self._storage.get_segments(bucket.snapshot_id, first, last)
+            if len(segments) != last - first + 1:
+                raise SnapshotCorruptError(
+                    f"{bucket.snapshot_id}: segments {first}..{last} are not all there"
+                )
         except (StorageError, SnapshotCorruptError, SnapshotNotFoundError) as exc:
             self._ops["load"].record(False, started)
             self._warnings.append(
-                f"load of segment {segment_no} of {bucket.snapshot_id!r} "
+                f"load of segments {first}..{last} of {bucket.snapshot_id!r} "
                 f"failed (retried on the next poll): {exc}"
             )
             return False
-        seg = segments[0]
-        self._core.set_source(
-            sid, seg.times, seg.ledgers, seg.entries, bucket.next_time(segment_no)
-        )
-        bucket.current = segment_no
+        if len(segments) == 1:
+            seg = segments[0]
+            times, ledgers, entries = seg.times, seg.ledgers, seg.entries
+        else:
+            times = np.concatenate([s.times for s in segments])
+            ledgers = np.concatenate([s.ledgers for s in segments])
+            entries = np.concatenate([s.entries for s in segments])
+        self._core.set_source(sid, times, ledgers, entries, bucket.next_time(last))
+        bucket.current = last
         self._ops["load"].record(True, started)
         return True
 
@@ -925,7 +945,7 @@ class DelayIndex:
         total = core.mutable_size + core.direct_size
         for b in self._buckets.values():
             if b.state in ("creating", "memory") and core.has_source(b.sid):
-                total += core.source_length(b.sid) - core.source_cursor(b.sid)
+                total += core.source_remaining(b.sid)
         return int(total)
 
     def should_pause_all_deliveries(self) -> bool:
