@@ -39,6 +39,7 @@ TESTED = {
     "roaring_cardinalities",
     "roaring_check_positions",
     "roaring_entries",
+    "roaring_union_by_ledger",
 }
 
 
@@ -591,3 +592,38 @@ def test_decode_segments_slots_rejects_a_position_in_two_segments() -> None:
     ]
     _ok("decode_segments", *args)  # without slots the kernel does not look across segments
     _rejected("decode_segments", *args, np.array([0, 0], dtype=np.int64))
+
+
+# --- roaring_union_by_ledger ---------------------------------------------------------------------
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 5), _bitmap_values(), st.booleans()), max_size=8),
+    st.booleans(),
+)
+def test_roaring_union_by_ledger(pieces: list[tuple[int, list[int], bool]], dense: bool) -> None:
+    # A valid snapshot never repeats a position, so give each ledger disjoint pieces.
+    seen: dict[int, set[int]] = {}
+    ledgers, bitmaps = [], []
+    for ledger, values, run_optimize in pieces:
+        if dense:  # small offsets: the bitset path
+            values = [v % 5_000 for v in values]
+        fresh = sorted(set(values) - seen.setdefault(ledger, set()))
+        seen[ledger].update(fresh)
+        ledgers.append(ledger)
+        bitmaps.append(_serialize(fresh, run_optimize))
+    ids, offsets, entries = _ok(
+        "roaring_union_by_ledger", np.array(ledgers, dtype=np.int64), bitmaps
+    )
+    expected = {k: sorted(v) for k, v in seen.items()}
+    got = {
+        int(ledger): entries[offsets[i] : offsets[i + 1]].tolist()
+        for i, ledger in enumerate(ids.tolist())
+    }
+    assert got == expected
+    assert ids.tolist() == sorted(expected)
+
+
+def test_roaring_union_by_ledger_rejects_garbage() -> None:
+    _rejected("roaring_union_by_ledger", np.array([1], dtype=np.int64), [b"junk"])
+    _rejected("roaring_union_by_ledger", np.array([1, 2], dtype=np.int64), [b""])

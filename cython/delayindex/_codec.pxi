@@ -687,3 +687,98 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
         free(se)
         free(ent)
     return out_t, out_l, out_e, offsets
+
+
+def roaring_union_by_ledger(const int64_t[:] ledgers not None, list bitmaps not None):
+    """Union the bitmaps of each ledger: ``(ledger_ids, offsets, entries)``.
+
+    ``ledger_ids`` ascending; the entries of ``ledger_ids[i]`` are ``entries[offsets[i]:
+    offsets[i + 1]]``, ascending uint32. Recovery's hot path: a bucket's live segments hold
+    thousands of small per-(segment, ledger) bitmaps, so they are parsed here in one call and
+    merged through a bitset spanning each ledger's entry range (sorted instead when sparse).
+    Raises ValueError on a malformed bitmap.
+    """
+    cdef Py_ssize_t n = ledgers.shape[0], i, j, a, b, got, total = 0, n_groups = 0, words
+    cdef Py_ssize_t bitset_words = 0, w
+    cdef uint32_t low, high, value
+    cdef uint64_t word
+    cdef const uint8_t[::1] data
+    cdef uint64_t* bitset = NULL
+    if n != len(bitmaps):
+        raise ValueError("ledgers and bitmaps differ in length")
+    order = np.argsort(np.asarray(ledgers), kind="stable").astype(np.int64)
+    cdef const int64_t[::1] vo = order
+    cards = np.empty(n, dtype=np.int64)
+    cdef int64_t[::1] vc = cards
+    for i in range(n):
+        data = bitmaps[i]
+        vc[i] = roaring_parse(&data[0] if data.shape[0] else NULL, data.shape[0], NULL, 0)
+        total += vc[i]
+    a = 0
+    while a < n:
+        b = a + 1
+        while b < n and ledgers[vo[b]] == ledgers[vo[a]]:
+            b += 1
+        n_groups += 1
+        a = b
+    ids = np.empty(n_groups, dtype=np.int64)
+    offsets = np.zeros(n_groups + 1, dtype=np.int64)
+    entries = np.empty(total, dtype=np.uint32)
+    sparse = []
+    cdef int64_t[::1] v_ids = ids
+    cdef int64_t[::1] v_off = offsets
+    cdef uint32_t[::1] v_ent = entries
+    cdef uint32_t* out = &v_ent[0] if total else NULL
+    cdef Py_ssize_t g = 0, pos = 0
+    try:
+        a = 0
+        while a < n:
+            b = a + 1
+            while b < n and ledgers[vo[b]] == ledgers[vo[a]]:
+                b += 1
+            got = 0
+            for i in range(a, b):
+                data = bitmaps[vo[i]]
+                got += roaring_parse(&data[0] if data.shape[0] else NULL, data.shape[0],
+                                     out + pos + got, vc[vo[i]])
+            if b - a > 1 and got > 1:
+                low = high = out[pos]
+                for j in range(got):
+                    value = out[pos + j]
+                    if value < low:
+                        low = value
+                    if value > high:
+                        high = value
+                words = ((<Py_ssize_t> (high - low)) >> 6) + 1
+                if words <= 2 * got + 16:
+                    if words > bitset_words:
+                        free(bitset)
+                        bitset = <uint64_t*> malloc(words * sizeof(uint64_t))
+                        if bitset == NULL:
+                            raise MemoryError()
+                        bitset_words = words
+                    memset(bitset, 0, words * sizeof(uint64_t))
+                    for j in range(got):
+                        value = out[pos + j] - low
+                        bitset[value >> 6] |= (<uint64_t> 1) << (value & 63)
+                    j = 0
+                    for w in range(words):
+                        word = bitset[w]
+                        while word:
+                            out[pos + j] = low + <uint32_t> ((w << 6) + <uint32_t> di_ctzll(word))
+                            j += 1
+                            word &= word - 1
+                    got = j  # duplicates (never in a valid snapshot) collapse here
+                else:
+                    sparse.append(g)
+            v_ids[g] = ledgers[vo[a]]
+            pos += got
+            v_off[g + 1] = pos
+            g += 1
+            a = b
+    finally:
+        free(bitset)
+    for g in sparse:
+        part = entries[offsets[g]:offsets[g + 1]]
+        part.sort()
+    return ids, offsets, entries[:pos]

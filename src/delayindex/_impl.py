@@ -34,6 +34,7 @@ CODEC_KERNELS = (
     "roaring_cardinalities",
     "roaring_check_positions",
     "roaring_entries",
+    "roaring_union_by_ledger",
 )
 
 
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
         roaring_cardinalities,
         roaring_check_positions,
         roaring_entries,
+        roaring_union_by_ledger,
     )
     from delayindex._pure.core import TrackerCore
     from delayindex._pure.heap import TripleHeap
@@ -98,6 +100,7 @@ else:
     roaring_cardinalities = _kernels.roaring_cardinalities
     roaring_check_positions = _kernels.roaring_check_positions
     roaring_entries = _kernels.roaring_entries
+    roaring_union_by_ledger = _kernels.roaring_union_by_ledger
 
 
 __all__ = [
@@ -118,5 +121,6 @@ __all__ = [
     "roaring_cardinalities",
     "roaring_check_positions",
     "roaring_entries",
+    "roaring_union_by_ledger",
     "wall_clock_ms",
 ]

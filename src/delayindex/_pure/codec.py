@@ -200,3 +200,26 @@ def decode_segments(
         np.concatenate(out_e) if out_e else empty.copy(),
         np.array(offsets, dtype=np.int64),
     )
+
+
+def roaring_union_by_ledger(
+    ledgers: Int64Array, bitmaps: list[bytes]
+) -> tuple[Int64Array, Int64Array, npt.NDArray[np.uint32]]:
+    """Union the bitmaps of each ledger: ``(ledger_ids, offsets, entries)`` (see the native)."""
+    if len(ledgers) != len(bitmaps):
+        raise ValueError("ledgers and bitmaps differ in length")
+    union: dict[int, BitMap] = {}
+    for ledger, data in zip(np.asarray(ledgers).tolist(), bitmaps, strict=True):
+        try:
+            bm = BitMap.deserialize(bytes(data))
+        except Exception as exc:  # pyroaring raises plain ValueError or similar
+            raise ValueError(f"bad roaring bitmap: {exc}") from None
+        if ledger in union:
+            union[ledger] |= bm
+        else:
+            union[ledger] = bm
+    ids = sorted(union)
+    parts = [np.array(union[k].to_array(), dtype=np.uint32) for k in ids]
+    offsets = np.cumsum([0, *(len(p) for p in parts)], dtype=np.int64)
+    entries = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
+    return np.array(ids, dtype=np.int64), offsets, entries.astype(np.uint32)

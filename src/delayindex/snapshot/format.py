@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
+from delayindex import _impl
 from delayindex.model import MAX_ENTRY_ID, MAX_LEDGER_ID
 
 FORMAT_VERSION = 1
@@ -182,15 +183,23 @@ class SnapshotMetadata:
         return int(live[0]) + 1 if len(live) else None
 
     def ledger_bitmaps(self, first_segment: int = 1) -> dict[int, BitMap]:
-        """Union of the per-ledger bitmaps of segments ``first_segment..`` (recovery's set)."""
+        """Union of the per-ledger bitmaps of segments ``first_segment..`` (recovery's set).
+
+        Parsed and merged in one native call (thousands of small bitmaps per bucket), then one
+        BitMap is built per ledger.
+        """
         start = int(self.ledger_offsets[max(first_segment, 1) - 1]) if self.num_segments else 0
+        ids, offsets, entries = _impl.roaring_union_by_ledger(
+            self.ledgers[start:], list(self.bitmaps[start:])
+        )
         out: dict[int, BitMap] = {}
-        for ledger, data in zip(self.ledgers[start:].tolist(), self.bitmaps[start:], strict=True):
-            bm = BitMap.deserialize(data)
-            if ledger in out:
-                out[ledger] |= bm
-            else:
-                out[ledger] = bm
+        bounds = offsets.tolist()
+        for i, ledger in enumerate(ids.tolist()):
+            values = array.array("I", entries[bounds[i] : bounds[i + 1]].tobytes())
+            bm = BitMap(values)
+            bm.run_optimize()
+            bm.shrink_to_fit()
+            out[ledger] = bm
         return out
 
     def __eq__(self, other: object) -> bool:
