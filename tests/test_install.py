@@ -199,6 +199,7 @@ def test_native_public_names_exist_in_the_pure_world() -> None:
         "TripleHeap": "PureTripleHeap",
         "TrackerCore": "PureTrackerCore",
         "BucketCore": "PureBucketCore",
+        "LedgerIndex": "PureLedgerIndex",
         "wall_clock_ms": "pure_wall_clock_ms",
     }
     for native_name, pure_name in pairs.items():
@@ -251,3 +252,11 @@ def test_bucket_core_twins_have_the_same_methods() -> None:
     assert native_methods == pure_methods
     assert {"add", "add_many", "seal", "set_source", "poll", "_check"} <= native_methods
     assert _public(native_cls(1000, False, 0, 5)) == _public(pure_cls(1000, False, 0, 5))
+
+
+def test_ledger_index_twins_have_the_same_methods() -> None:
+    native = _native()
+    native_cls, pure_cls = native.LedgerIndex, _impl.PureLedgerIndex
+    assert _public(native_cls) == _public(pure_cls)
+    assert _public(native_cls()) == _public(pure_cls())
+    assert {"add", "discard", "contains", "restore", "remove_upto", "_check"} <= _public(native_cls)

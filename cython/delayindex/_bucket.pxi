@@ -88,10 +88,7 @@ cdef class BucketCore:
     bucket first; nothing was changed).
     """
 
-    cdef dict index
-    cdef object last_bm
-    cdef int64_t last_ledger
-    cdef Py_ssize_t count
+    cdef LedgerIndex index        # the single dedup index; len(core) == len(index)
     cdef TripleHeap mutable
     cdef TripleHeap direct
     cdef int64_t mutable_start, mutable_end
@@ -114,7 +111,6 @@ cdef class BucketCore:
     cdef int64_t highest
     cdef int64_t n_add_calls, n_added, n_duplicates, n_rejected, n_untracked_due
     cdef int64_t n_delivered, n_skipped, n_polls, n_direct
-    cdef Py_ssize_t delivered_since_sweep
 
     def __cinit__(self, int64_t tick_ms, bint strict, int64_t fixed_delay_lookahead,
                   int64_t min_index_count_per_bucket):
@@ -128,9 +124,7 @@ cdef class BucketCore:
         self.strict = strict
         self.fixed_delay_lookahead = fixed_delay_lookahead
         self.min_index_count = min_index_count_per_bucket
-        self.index = {}
-        self.last_bm = None
-        self.last_ledger = -1
+        self.index = LedgerIndex()
         self.mutable = TripleHeap()
         self.direct = TripleHeap()
         self.mutable_start = self.mutable_end = -1
@@ -214,83 +208,49 @@ cdef class BucketCore:
 
     # -- index ------------------------------------------------------------------------------
 
-    cdef inline object bitmap(self, int64_t ledger, bint create):
-        cdef object bm
-        if self.last_bm is not None and ledger == self.last_ledger:
-            return self.last_bm
-        bm = self.index.get(ledger)
-        if bm is None:
-            if not create:
-                return None
-            bm = BitMap()
-            self.index[ledger] = bm
-        self.last_ledger = ledger
-        self.last_bm = bm
-        return bm
-
-    cdef inline void drop_ledger(self, int64_t ledger):
-        del self.index[ledger]
-        if ledger == self.last_ledger:
-            self.last_bm = None
-
     cdef bint untrack(self, int64_t ledger, int64_t entry) except -1:
-        cdef object bm = self.bitmap(ledger, False)
-        if bm is None or entry not in bm:
+        if not self.index.cdiscard(ledger, entry):
             return False
-        bm.discard(entry)
-        self.count -= 1
         self.mutable_dirty = True
-        if not bm:
-            self.drop_ledger(ledger)
         return True
 
     def restore(self, int64_t ledger, bitmap) -> int:
-        """Track every entry of ``bitmap`` in ``ledger`` (recovery); return how many were new."""
-        cdef object bm = self.bitmap(ledger, True)
-        cdef Py_ssize_t before = len(bm)
-        bm |= bitmap
-        cdef Py_ssize_t added = len(bm) - before
-        self.count += added
-        if not bm:
-            self.drop_ledger(ledger)
+        """Track every entry of ``bitmap`` (a BitMap or uint32 array) in ``ledger`` (recovery);
+        return how many were new."""
+        return self.index.restore(ledger, bitmap)
+
+    def restore_many(self, ledgers, offsets, entries) -> int:
+        """``restore`` each ledger ``ledgers[i]`` with ``entries[offsets[i]:offsets[i + 1]]``."""
+        cdef Py_ssize_t i, added = 0
+        bounds = np.asarray(offsets).tolist()
+        for i, ledger in enumerate(np.asarray(ledgers).tolist()):
+            added += self.index.restore(ledger, entries[bounds[i]:bounds[i + 1]])
         return added
 
     def index_bitmap(self, int64_t ledger):
-        """The live bitmap of ``ledger`` (do not modify it), or None."""
-        return self.index.get(ledger)
+        """A copy of ``ledger``'s tracked entries as a BitMap, or None when it has none."""
+        if self.index.ledger_count(ledger) == 0:
+            return None
+        return self.index.bitmap(ledger)
 
     def tracked_mask(self, ledgers, entries):
         """For each position, whether it is tracked."""
         cdef const int64_t[::1] ls = _column(ledgers)
         cdef const int64_t[::1] es = _column(entries)
         cdef Py_ssize_t i, k = ls.shape[0]
-        cdef object bm
         if es.shape[0] != k:
             raise ValueError("ledgers and entries differ in length")
         out = np.zeros(k, dtype=np.bool_)
         cdef uint8_t[::1] view = out.view(np.uint8)
         for i in range(k):
-            bm = self.bitmap(ls[i], False)
-            view[i] = bm is not None and es[i] in bm
+            view[i] = self.index.ccontains(ls[i], es[i])
         return out
 
     def untrack_upto(self, int64_t ledger, int64_t entry) -> int:
         """Untrack every position ``<= (ledger, entry)`` (mark-delete); return how many."""
-        cdef Py_ssize_t removed = 0, before
         if (ledger, entry) > (self.mark_ledger, self.mark_entry):
             self.mark_ledger, self.mark_entry = ledger, entry
-        for key in [k for k in self.index if k <= ledger]:
-            bm = self.index[key]
-            if key < ledger:
-                removed += len(bm)
-                self.drop_ledger(key)
-            else:
-                before = len(bm)
-                bm.remove_range(0, entry + 1)
-                removed += before - len(bm)
-                if not bm:
-                    self.drop_ledger(key)
-        self.count -= removed
+        removed = self.index.remove_upto(ledger, entry)
         self.mutable_dirty = True
         if self.shadow:
             self.shadow = {p for p in self.shadow if p > (ledger, entry)}
@@ -298,13 +258,8 @@ cdef class BucketCore:
 
     def untrack_ledgers(self, int64_t start, int64_t end) -> int:
         """Untrack every position of ledgers ``start..end``; return how many."""
-        cdef Py_ssize_t removed = 0
-        for key in [k for k in self.index if start <= k <= end]:
-            removed += len(self.index[key])
-            self.drop_ledger(key)
-        self.count -= removed
         self.mutable_dirty = True
-        return removed
+        return self.index.remove_ledgers(start, end)
 
     # -- add --------------------------------------------------------------------------------
 
@@ -316,21 +271,19 @@ cdef class BucketCore:
 
     cdef int cadd(self, int64_t ledger, int64_t entry, int64_t deliver_at,
                   int64_t cutoff) except -1:
-        cdef object bm
         cdef bint sealed, to_mutable
         if deliver_at < 0 or deliver_at <= cutoff:
             # Expiry before dedup: a due re-add untracks (Pulsar #26230).
             self.n_add_calls += 1
             self.fixed_delay = False
             self.n_rejected += 1
-            if self.count and self.untrack(ledger, entry):
+            if self.index.count and self.untrack(ledger, entry):
                 self.n_untracked_due += 1
                 self.stale.add((ledger, entry))
                 if self.shadow:
                     self.shadow.discard((ledger, entry))
             return 0
-        bm = self.bitmap(ledger, False)
-        if bm is not None and entry in bm:
+        if self.index.ccontains(ledger, entry):
             self.n_add_calls += 1
             self.n_duplicates += 1
             self.note_deliver_at(deliver_at)
@@ -356,10 +309,7 @@ cdef class BucketCore:
             self.n_direct += 1
             if sealed:
                 self.shadow.add((ledger, entry))
-        if bm is None:
-            bm = self.bitmap(ledger, True)
-        bm.add(entry)
-        self.count += 1
+        self.index.cadd(ledger, entry)
         self.n_added += 1
         self.note_deliver_at(deliver_at)
         return 1
@@ -416,14 +366,12 @@ cdef class BucketCore:
         cdef TripleHeap heap = self.mutable
         cdef Py_ssize_t i, j = 0
         cdef Triple x
-        cdef object bm
         if sid < 0 or sid in self.sources:
             raise ValueError(f"source id {sid} is negative or taken")
         if self.mutable_dirty:
             for i in range(heap.n):
                 x = heap.data[i]
-                bm = self.bitmap(x.ledger, False)
-                if bm is not None and x.entry in bm:
+                if self.index.ccontains(x.ledger, x.entry):
                     heap.data[j] = x
                     j += 1
             if j != heap.n:
@@ -629,7 +577,6 @@ cdef class BucketCore:
         cdef Head* top
         cdef _Src src
         cdef Head nxt
-        cdef object bm
         if best == 3:
             top = &self.heads[0]
             got.time = top.time
@@ -652,8 +599,7 @@ cdef class BucketCore:
             got[0] = self.direct.cpop()
             if self.shadow:
                 self.shadow.discard((got.ledger, got.entry))
-        bm = self.bitmap(got.ledger, False)
-        if bm is None or got.entry not in bm:
+        if not self.index.ccontains(got.ledger, got.entry):
             if self.stale:
                 self.stale.discard((got.ledger, got.entry))
             return 0
@@ -693,13 +639,11 @@ cdef class BucketCore:
         """Drop dead keys at the head; return where the live head (or placeholder) is."""
         cdef int best
         cdef Triple got
-        cdef object bm
         while True:
             best = self.peek(key)
             if best == 0 or key.ledger < 0:
                 return best
-            bm = self.bitmap(key.ledger, False)
-            if bm is not None and key.entry in bm and not (
+            if self.index.ccontains(key.ledger, key.entry) and not (
                     best == 3 and self.shadow and (key.ledger, key.entry) in self.shadow):
                 return best
             self.pop(best, &got)
@@ -718,8 +662,6 @@ cdef class BucketCore:
         cdef Py_ssize_t k = 0, room = 0, i
         cdef Triple key, got
         cdef int best
-        cdef object bm, remove = None
-        cdef int64_t cur_ledger = -1
         cdef list out
         cdef int64_t prev
         cdef object ledger_obj
@@ -746,17 +688,9 @@ cdef class BucketCore:
                 if not self.pop_raw(best, &got):
                     self.n_skipped += 1
                     continue
-                if got.ledger != cur_ledger:
-                    cur_ledger = got.ledger
-                    bm = self.index.get(cur_ledger)
-                    remove = None if bm is None else bm.remove
-                # One call both tests and clears the bit; KeyError means "not tracked": a copy
-                # left by delivery, a due re-add or a mark-delete (dedup on pop).
-                try:
-                    if remove is None:
-                        raise KeyError
-                    remove(got.entry)
-                except KeyError:
+                # Not tracked: a copy left by delivery, a due re-add or a mark-delete (dedup on
+                # pop).
+                if not self.index.cdiscard(got.ledger, got.entry):
                     if self.stale:
                         self.stale.discard((got.ledger, got.entry))
                     self.n_skipped += 1
@@ -764,9 +698,7 @@ cdef class BucketCore:
                 buf[k].ledger = got.ledger
                 buf[k].entry = got.entry
                 k += 1
-            self.count -= k
             self.n_delivered += k
-            self.delivered_since_sweep += k
             self.mutable._maybe_shrink()
             self.direct._maybe_shrink()
             di_sort_pos(buf, k)
@@ -780,19 +712,12 @@ cdef class BucketCore:
                 out[i] = di_make_pair(Position, ledger_obj, buf[i].entry)
         finally:
             free(buf)
-        if self.delivered_since_sweep > len(self.index):
-            self.sweep_empty()
-        if self.count == 0:
+        if self.index.wants_compaction():
+            self.index.compact()
+        if self.index.count == 0:
             self.fixed_delay = True
             self.highest = 0
         return out
-
-    cdef void sweep_empty(self):
-        # Bitmaps emptied by delivery go lazily: O(1) amortized per delivered position.
-        for ledger in [ledger for ledger, bm in self.index.items() if not bm]:
-            del self.index[ledger]
-        self.last_bm = None
-        self.delivered_since_sweep = 0
 
     def has_due(self, now) -> bool:
         """Whether the smallest loaded key (or a placeholder) is due at ``now``."""
@@ -810,18 +735,17 @@ cdef class BucketCore:
     def should_pause(self, now) -> bool:
         """Pulsar's fixed-delay detection: pause reads while delays look fixed and none is due."""
         return (self.fixed_delay_lookahead > 0 and self.fixed_delay
-                and self.count >= self.fixed_delay_lookahead and not self.has_due(now))
+                and self.index.count >= self.fixed_delay_lookahead and not self.has_due(now))
 
     def contains(self, ledger, entry) -> bool:
         """Whether ``(ledger, entry)`` is tracked and not yet delivered."""
         cdef int64_t c_ledger = as_i64(ledger)
         cdef int64_t c_entry = as_i64(entry)
         check_ids(c_ledger, c_entry)
-        bm = self.bitmap(c_ledger, False)
-        return bm is not None and c_entry in bm
+        return self.index.ccontains(c_ledger, c_entry)
 
     def __len__(self) -> int:
-        return self.count
+        return self.index.count
 
     @property
     def loaded(self) -> int:
@@ -836,15 +760,12 @@ cdef class BucketCore:
     def clear(self) -> None:
         """Drop everything: index, heaps, sources, ranges; reset fixed-delay detection."""
         self.index.clear()
-        self.last_bm = None
-        self.count = 0
         self.mutable.cclear()
         self.direct.cclear()
         self.mutable_start = self.mutable_end = -1
         self.mutable_dirty = False
         self.stale.clear()
         self.shadow.clear()
-        self.delivered_since_sweep = 0
         self.nheads = 0
         self.sources.clear()
         self.ranges.clear()
@@ -863,22 +784,20 @@ cdef class BucketCore:
         for value in self.sources.values():
             src = <_Src> value
             total += 24 * src.n if src.heap is None else src.heap.cap * sizeof(Triple)
-        total += sys.getsizeof(self.index) + sys.getsizeof(self.stale) + sys.getsizeof(self.shadow)
-        for bm in self.index.values():
-            total += sys.getsizeof(bm) + BITMAP_OVERHEAD
-        return total
+        total += sys.getsizeof(self.stale) + sys.getsizeof(self.shadow)
+        return total + self.index.memory_bytes()
 
     def counters(self) -> dict:
         """Operation counters and gauges."""
         return {
-            "tracked": self.count,
+            "tracked": self.index.count,
             "mutable_nodes": self.mutable.n,
             "direct_nodes": self.direct.n,
             "segment_sources": len(self.sources),
             "loaded": self.loaded,
             "stale_nodes": len(self.stale),
             "shadowed": len(self.shadow),
-            "bitmaps": len(self.index),
+            "ledgers": self.index.nonempty,
             "add_calls": self.n_add_calls,
             "added": self.n_added,
             "duplicates": self.n_duplicates,
@@ -899,11 +818,7 @@ cdef class BucketCore:
         cdef Head h
         self.mutable._check()
         self.direct._check()
-        cardinality = 0
-        for bm in self.index.values():
-            cardinality += len(bm)
-        if cardinality != self.count:
-            raise AssertionError(f"count {self.count} != bitmap cardinality {cardinality}")
+        self.index._check()
         for i in range(self.mutable.n):
             if not self.mutable_start <= self.mutable.data[i].ledger <= self.mutable_end:
                 raise AssertionError("a mutable node lies outside the mutable range")

@@ -123,4 +123,5 @@ cdef inline int64_t as_i64(object value) except? -1:
 include "_heap.pxi"
 include "_core.pxi"
 include "_codec.pxi"
+include "_index.pxi"
 include "_bucket.pxi"

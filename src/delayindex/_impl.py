@@ -18,12 +18,14 @@ from delayindex._pure import bucket as _pure_bucket
 from delayindex._pure import codec as _pure_codec
 from delayindex._pure import core as _pure_core
 from delayindex._pure import heap as _pure_heap
+from delayindex._pure import index as _pure_index
 
 _FORCED_PURE = os.environ.get("DELAYINDEX_NO_EXTENSIONS", "") not in ("", "0")
 
 PureTripleHeap = _pure_heap.TripleHeap
 PureTrackerCore = _pure_core.TrackerCore
 PureBucketCore = _pure_bucket.BucketCore
+PureLedgerIndex = _pure_index.LedgerIndex
 pure_wall_clock_ms = _pure_clock.wall_clock_ms
 #: The codec kernels: each is a function of both ``_native`` and ``_pure.codec``.
 CODEC_KERNELS = (
@@ -77,6 +79,7 @@ if TYPE_CHECKING:
     )
     from delayindex._pure.core import TrackerCore
     from delayindex._pure.heap import TripleHeap
+    from delayindex._pure.index import LedgerIndex
     from delayindex.clock import wall_clock_ms
 
     NATIVE: bool
@@ -85,12 +88,14 @@ else:
     if _module is not None:
         TripleHeap = _module.TripleHeap
         TrackerCore = _module.TrackerCore
-        BucketCore = getattr(_module, "BucketCore", PureBucketCore)
+        BucketCore = _module.BucketCore
+        LedgerIndex = _module.LedgerIndex
         wall_clock_ms = _module.wall_clock_ms
         _kernels = _module
     else:
         TripleHeap, TrackerCore = PureTripleHeap, PureTrackerCore
         BucketCore = PureBucketCore
+        LedgerIndex = PureLedgerIndex
         wall_clock_ms = pure_wall_clock_ms
         _kernels = _pure_codec
     decode_segments = _kernels.decode_segments
@@ -106,7 +111,9 @@ else:
 __all__ = [
     "CODEC_KERNELS",
     "BucketCore",
+    "LedgerIndex",
     "PureBucketCore",
+    "PureLedgerIndex",
     "NATIVE",
     "PureTrackerCore",
     "PureTripleHeap",

@@ -43,10 +43,10 @@ from sortedcontainers import SortedDict
 
 from delayindex._pure._ints import INT64_MAX, as_i64
 from delayindex._pure.heap import TripleHeap, _int64_column
+from delayindex._pure.index import LedgerIndex
 from delayindex.model import MAX_ENTRY_ID, Position
 
 Int64Array = npt.NDArray[np.int64]
-_BITMAP_OVERHEAD = 64
 #: ``add`` result codes.
 DELIVER, TRACKED, DUPLICATE, SEAL_FIRST = 0, 1, 2, 3
 
@@ -124,8 +124,7 @@ class BucketCore:
         self.strict = bool(strict)
         self.fixed_delay_lookahead = int(fixed_delay_lookahead)
         self.min_index_count = int(min_index_count_per_bucket)
-        self._index: dict[int, BitMap] = {}
-        self._count = 0
+        self._index = LedgerIndex()  # the single dedup index; len(core) == len(index)
         self._mutable = TripleHeap()
         self._mutable_start = -1
         self._mutable_end = -1
@@ -139,7 +138,6 @@ class BucketCore:
         self._exhausted: list[int] = []
         self._mark = (-1, -1)  # highest untrack_upto position
         self._mutable_dirty = False  # something was untracked since the last seal
-        self._delivered_since_sweep = 0
         self.load_needed = -1
         self._fixed_delay = True
         self._highest = 0
@@ -210,61 +208,46 @@ class BucketCore:
     # -- index ------------------------------------------------------------------------------
 
     def _untrack(self, ledger: int, entry: int) -> bool:
-        bm = self._index.get(ledger)
-        if bm is None or entry not in bm:
+        if not self._index.discard(ledger, entry):
             return False
-        bm.remove(entry)
-        self._count -= 1
         self._mutable_dirty = True
-        if not bm:
-            del self._index[ledger]
         return True
 
-    def restore(self, ledger: int, bitmap: BitMap) -> int:
-        """Track every entry of ``bitmap`` in ``ledger`` (recovery); return how many were new."""
-        bm = self._index.get(ledger)
-        if bm is None:
-            bm = self._index[ledger] = BitMap()
-        before = len(bm)
-        bm |= bitmap
-        added = len(bm) - before
-        self._count += added
-        if not bm:
-            del self._index[ledger]
-        return added
+    def restore(self, ledger: int, bitmap: object) -> int:
+        """Track every entry of ``bitmap`` (a BitMap or uint32 array) in ``ledger`` (recovery);
+        return how many were new."""
+        return self._index.restore(ledger, bitmap)
+
+    def restore_many(self, ledgers: object, offsets: object, entries: object) -> int:
+        """``restore`` each ledger ``ledgers[i]`` with ``entries[offsets[i]:offsets[i + 1]]``."""
+        bounds = np.asarray(offsets).tolist()
+        values = np.asarray(entries)
+        return sum(
+            self._index.restore(ledger, values[bounds[i] : bounds[i + 1]])
+            for i, ledger in enumerate(np.asarray(ledgers).tolist())
+        )
 
     def index_bitmap(self, ledger: int) -> BitMap | None:
-        """The live bitmap of ``ledger`` (do not modify it), or None."""
-        return self._index.get(ledger)
+        """A copy of ``ledger``'s tracked entries as a BitMap, or None when it has none."""
+        if self._index.ledger_count(ledger) == 0:
+            return None
+        return self._index.bitmap(ledger)
 
     def tracked_mask(self, ledgers: Int64Array, entries: Int64Array) -> npt.NDArray[np.bool_]:
         """For each position, whether it is tracked."""
         ledgers, entries = _column(ledgers), _column(entries)
         if len(ledgers) != len(entries):
             raise ValueError("ledgers and entries differ in length")
-        out = np.zeros(len(ledgers), dtype=np.bool_)
-        index = self._index
-        for i, (ledger, entry) in enumerate(zip(ledgers.tolist(), entries.tolist(), strict=True)):
-            bm = index.get(ledger)
-            out[i] = bm is not None and entry in bm
-        return out
+        contains = self._index.contains
+        return np.array(
+            [contains(lg, e) for lg, e in zip(ledgers.tolist(), entries.tolist(), strict=True)],
+            dtype=np.bool_,
+        )
 
     def untrack_upto(self, ledger: int, entry: int) -> int:
         """Untrack every position ``<= (ledger, entry)`` (mark-delete); return how many."""
-        removed = 0
         self._mark = max(self._mark, (ledger, entry))
-        for key in [k for k in self._index if k <= ledger]:
-            bm = self._index[key]
-            if key < ledger:
-                removed += len(bm)
-                del self._index[key]
-            else:
-                before = len(bm)
-                bm.remove_range(0, entry + 1)
-                removed += before - len(bm)
-                if not bm:
-                    del self._index[key]
-        self._count -= removed
+        removed = self._index.remove_upto(ledger, entry)
         self._mutable_dirty = True
         if self._shadow:
             self._shadow = {p for p in self._shadow if p > (ledger, entry)}
@@ -272,12 +255,8 @@ class BucketCore:
 
     def untrack_ledgers(self, start: int, end: int) -> int:
         """Untrack every position of ledgers ``start..end`` (a trimmed bucket); return how many."""
-        removed = 0
-        for key in [k for k in self._index if start <= k <= end]:
-            removed += len(self._index.pop(key))
-        self._count -= removed
         self._mutable_dirty = True
-        return removed
+        return self._index.remove_ledgers(start, end)
 
     # -- add --------------------------------------------------------------------------------
 
@@ -292,13 +271,12 @@ class BucketCore:
             n["add_calls"] += 1
             self._fixed_delay = False
             n["rejected"] += 1
-            if self._count and self._untrack(ledger, entry):
+            if len(self._index) and self._untrack(ledger, entry):
                 n["untracked_on_due_add"] += 1
                 self._stale.add((ledger, entry))
                 self._shadow.discard((ledger, entry))
             return DELIVER
-        bm = self._index.get(ledger)
-        if bm is not None and entry in bm:
+        if self._index.contains(ledger, entry):
             n["add_calls"] += 1
             n["duplicates"] += 1
             self._note_deliver_at(deliver_at)
@@ -323,10 +301,7 @@ class BucketCore:
             n["direct_adds"] += 1
             if sealed:
                 self._shadow.add((ledger, entry))
-        if bm is None:
-            bm = self._index[ledger] = BitMap()
-        bm.add(entry)
-        self._count += 1
+        self._index.add(ledger, entry)
         n["added"] += 1
         self._note_deliver_at(deliver_at)
         return TRACKED
@@ -488,14 +463,6 @@ class BucketCore:
 
     # -- delivery ---------------------------------------------------------------------------
 
-    def _deliverable(self, ledger: int, entry: int) -> bool:
-        bm = self._index.get(ledger)
-        if bm is None or entry not in bm:
-            self._stale.discard((ledger, entry))
-            return False
-        bm.remove(entry)
-        return True
-
     def _peek(self) -> tuple[tuple[int, int, int] | None, int]:
         """The smallest key of any source, and where: 0 none, 1 mutable, 2 direct, 3 heads."""
         heads = self._heads
@@ -539,8 +506,7 @@ class BucketCore:
             _, ledger, entry = (self._mutable if best == 1 else self._direct).pop()
             if best == 2 and self._shadow:
                 self._shadow.discard((ledger, entry))
-        bm = self._index.get(ledger)
-        if bm is None or entry not in bm:
+        if not self._index.contains(ledger, entry):
             self._stale.discard((ledger, entry))
             return ledger, entry, False
         return ledger, entry, True
@@ -551,12 +517,8 @@ class BucketCore:
             key, best = self._peek()
             if key is None or key[1] < 0:
                 return key
-            bm = self._index.get(key[1])
-            if (
-                bm is not None
-                and key[2] in bm
-                and not (best == 3 and self._shadow and (key[1], key[2]) in self._shadow)
-            ):
+            obsolete = best == 3 and (key[1], key[2]) in self._shadow
+            if not obsolete and self._index.contains(key[1], key[2]):
                 return key
             self._pop(best)
             self._n["skipped_on_pop"] += 1
@@ -584,20 +546,13 @@ class BucketCore:
                 break
             ledger, entry, live = self._pop(best)
             if live:
-                self._index[ledger].remove(entry)
+                self._index.discard(ledger, entry)
                 out.append(Position(ledger, entry))
             else:
                 skipped += 1
-        self._count -= len(out)
         self._n["delivered"] += len(out)
         self._n["skipped_on_pop"] += skipped
-        # Bitmaps emptied by delivery go lazily: O(1) amortized per delivered position.
-        self._delivered_since_sweep += len(out)
-        if self._delivered_since_sweep > len(self._index):
-            for key in [k for k, bm in self._index.items() if not bm]:
-                del self._index[key]
-            self._delivered_since_sweep = 0
-        if self._count == 0:  # emptied: fixed-delay detection starts over
+        if len(self._index) == 0:  # emptied: fixed-delay detection starts over
             self._fixed_delay = True
             self._highest = 0
         out.sort()
@@ -621,7 +576,7 @@ class BucketCore:
         return (
             self.fixed_delay_lookahead > 0
             and self._fixed_delay
-            and self._count >= self.fixed_delay_lookahead
+            and len(self._index) >= self.fixed_delay_lookahead
             and not self.has_due(now)
         )
 
@@ -629,11 +584,10 @@ class BucketCore:
         """Whether ``(ledger, entry)`` is tracked and not yet delivered."""
         ledger, entry = as_i64(ledger), as_i64(entry)
         _check_ids(ledger, entry)
-        bm = self._index.get(ledger)
-        return bm is not None and entry in bm
+        return self._index.contains(ledger, entry)
 
     def __len__(self) -> int:
-        return self._count
+        return len(self._index)
 
     @property
     def loaded(self) -> int:
@@ -647,14 +601,12 @@ class BucketCore:
     def clear(self) -> None:
         """Drop everything: index, heaps, sources, ranges; reset fixed-delay detection."""
         self._index.clear()
-        self._count = 0
         self._mutable.clear()
         self._direct.clear()
         self._mutable_start = self._mutable_end = -1
         self._mutable_dirty = False
         self._stale.clear()
         self._shadow.clear()
-        self._delivered_since_sweep = 0
         self._sources.clear()
         self._heads.clear()
         self._ranges.clear()
@@ -671,24 +623,20 @@ class BucketCore:
         total += sum(
             24 * len(s.times) if s.heap is None else s.heap.nbytes for s in self._sources.values()
         )
-        total += sys.getsizeof(self._index) + sys.getsizeof(self._stale)
-        total += sys.getsizeof(self._shadow) + sys.getsizeof(self._heads)
-        total += sum(bm.get_statistics()["n_bytes_array_containers"] + bm.get_statistics()[
-            "n_bytes_bitset_containers"] + bm.get_statistics()["n_bytes_run_containers"]
-            + _BITMAP_OVERHEAD for bm in self._index.values())  # fmt: skip
-        return total
+        total += sys.getsizeof(self._stale) + sys.getsizeof(self._shadow)
+        return total + sys.getsizeof(self._heads) + self._index.memory_bytes()
 
     def counters(self) -> dict[str, Any]:
         """Operation counters and gauges."""
         return {
-            "tracked": self._count,
+            "tracked": len(self._index),
             "mutable_nodes": len(self._mutable),
             "direct_nodes": len(self._direct),
             "segment_sources": len(self._sources),
             "loaded": self.loaded,
             "stale_nodes": len(self._stale),
             "shadowed": len(self._shadow),
-            "bitmaps": len(self._index),
+            "ledgers": self._index.num_ledgers,
             **self._n,
             "fixed_delay": self._fixed_delay,
             "highest_deliver_at": self._highest,
@@ -698,9 +646,7 @@ class BucketCore:
         """Assert the invariants listed in the module docstring."""
         self._mutable._check()
         self._direct._check()
-        cardinality = sum(len(bm) for bm in self._index.values())
-        if cardinality != self._count:
-            raise AssertionError(f"count {self._count} != bitmap cardinality {cardinality}")
+        self._index._check()
         _, ls, _ = self._mutable.to_arrays()
         if len(ls) and not (self._mutable_start <= ls.min() and ls.max() <= self._mutable_end):
             raise AssertionError("a mutable node lies outside the mutable range")

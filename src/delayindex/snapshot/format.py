@@ -182,25 +182,25 @@ class SnapshotMetadata:
         live = np.flatnonzero(self.maxs > cutoff)
         return int(live[0]) + 1 if len(live) else None
 
-    def ledger_bitmaps(self, first_segment: int = 1) -> dict[int, BitMap]:
-        """Union of the per-ledger bitmaps of segments ``first_segment..`` (recovery's set).
+    def ledger_entries(
+        self, first_segment: int = 1
+    ) -> tuple[Int64Array, Int64Array, npt.NDArray[np.uint32]]:
+        """Per-ledger union of segments ``first_segment..``: ``(ledgers, offsets, entries)``.
 
-        Parsed and merged in one native call (thousands of small bitmaps per bucket), then one
-        BitMap is built per ledger.
+        The entries of ``ledgers[i]`` are ``entries[offsets[i]:offsets[i + 1]]``, ascending.
+        Parsed and merged in one native call: a bucket holds thousands of small bitmaps.
         """
         start = int(self.ledger_offsets[max(first_segment, 1) - 1]) if self.num_segments else 0
-        ids, offsets, entries = _impl.roaring_union_by_ledger(
-            self.ledgers[start:], list(self.bitmaps[start:])
-        )
-        out: dict[int, BitMap] = {}
+        return _impl.roaring_union_by_ledger(self.ledgers[start:], list(self.bitmaps[start:]))
+
+    def ledger_bitmaps(self, first_segment: int = 1) -> dict[int, BitMap]:
+        """Union of the per-ledger bitmaps of segments ``first_segment..`` (recovery's set)."""
+        ids, offsets, entries = self.ledger_entries(first_segment)
         bounds = offsets.tolist()
-        for i, ledger in enumerate(ids.tolist()):
-            values = array.array("I", entries[bounds[i] : bounds[i + 1]].tobytes())
-            bm = BitMap(values)
-            bm.run_optimize()
-            bm.shrink_to_fit()
-            out[ledger] = bm
-        return out
+        return {
+            ledger: BitMap(array.array("I", entries[bounds[i] : bounds[i + 1]].tobytes()))
+            for i, ledger in enumerate(ids.tolist())
+        }
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SnapshotMetadata):

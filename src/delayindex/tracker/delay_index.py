@@ -392,8 +392,7 @@ class DelayIndex:
             loaded.append((record, metadata, first, segment))
         core = self._core
         for record, metadata, first, segment in loaded:
-            for ledger, bitmap in metadata.ledger_bitmaps(first).items():
-                core.restore(ledger, bitmap)
+            core.restore_many(*metadata.ledger_entries(first))
             bucket = self._new_bucket(record.start_ledger, record.end_ledger, 0)
             self._make_durable(bucket, record, metadata)
             bucket.current = first

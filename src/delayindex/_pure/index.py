@@ -1,0 +1,150 @@
+"""Pure-Python twin of the native ``LedgerIndex`` (see ``cython/delayindex/_index.pxi``).
+
+The set of tracked positions ``(ledger, entry)`` as one pyroaring BitMap per ledger. The native
+twin stores dense ledgers as plain bitsets instead (a fraction of the memory); the observable
+behaviour is the same. Emptied ledgers are kept until :meth:`compact`, as natively.
+
+Invariants (``_check``): ``len`` == sum of the per-ledger cardinalities; ``num_ledgers`` counts
+the non-empty ones.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from pyroaring import BitMap
+
+from delayindex.model import MAX_ENTRY_ID
+
+_BITMAP_OVERHEAD = 64
+
+
+def _check_ids(ledger: int, entry: int) -> None:
+    if ledger < 0:
+        raise ValueError(f"ledger_id must be >= 0, got {ledger}")
+    if not 0 <= entry <= MAX_ENTRY_ID:
+        raise ValueError(f"entry_id must be in [0, 2**32), got {entry}")
+
+
+class LedgerIndex:
+    """Set of tracked positions ``(ledger, entry)``; ``add``/``discard`` say if it changed."""
+
+    def __init__(self) -> None:
+        self._sets: dict[int, BitMap] = {}
+        self._count = 0
+
+    def add(self, ledger: int, entry: int) -> bool:
+        """Add ``(ledger, entry)``; True if it was not there."""
+        _check_ids(ledger, entry)
+        bm = self._sets.get(ledger)
+        if bm is None:
+            bm = self._sets[ledger] = BitMap()
+        if entry in bm:
+            return False
+        bm.add(entry)
+        self._count += 1
+        return True
+
+    def discard(self, ledger: int, entry: int) -> bool:
+        """Remove ``(ledger, entry)``; True if it was there."""
+        _check_ids(ledger, entry)
+        bm = self._sets.get(ledger)
+        if bm is None or entry not in bm:
+            return False
+        bm.discard(entry)
+        self._count -= 1
+        return True
+
+    def contains(self, ledger: int, entry: int) -> bool:
+        """Whether ``(ledger, entry)`` is in the set."""
+        _check_ids(ledger, entry)
+        bm = self._sets.get(ledger)
+        return bm is not None and entry in bm
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def num_ledgers(self) -> int:
+        """Ledgers holding at least one position."""
+        return sum(1 for bm in self._sets.values() if bm)
+
+    def ledger_count(self, ledger: int) -> int:
+        """Positions of ``ledger`` in the set."""
+        bm = self._sets.get(ledger)
+        return 0 if bm is None else len(bm)
+
+    def ledgers(self) -> list[int]:
+        """Ledgers holding at least one position, ascending."""
+        return sorted(k for k, bm in self._sets.items() if bm)
+
+    def bitmap(self, ledger: int) -> BitMap:
+        """The entries of ``ledger`` as a new pyroaring BitMap (empty if none)."""
+        bm = self._sets.get(ledger)
+        return BitMap() if bm is None else bm.copy()
+
+    def restore(self, ledger: int, entries: object) -> int:
+        """Add every entry of ``entries`` (a BitMap or integer array); return how many were new."""
+        new = (
+            entries
+            if isinstance(entries, BitMap)
+            else BitMap(np.asarray(entries, dtype=np.uint32).tolist())
+        )
+        if not new:
+            return 0
+        if ledger < 0:
+            raise ValueError(f"ledger_id must be >= 0, got {ledger}")
+        bm = self._sets.get(ledger)
+        if bm is None:
+            bm = self._sets[ledger] = BitMap()
+        before = len(bm)
+        bm |= new
+        self._count += len(bm) - before
+        return len(bm) - before
+
+    def remove_upto(self, ledger: int, entry: int) -> int:
+        """Remove every position ``<= (ledger, entry)``; return how many."""
+        removed = 0
+        for key, bm in self._sets.items():
+            if key > ledger or not bm:
+                continue
+            before = len(bm)
+            if key < ledger:
+                bm.clear()
+            else:
+                bm.remove_range(0, min(entry, MAX_ENTRY_ID) + 1)
+            removed += before - len(bm)
+        self._count -= removed
+        return removed
+
+    def remove_ledgers(self, start: int, end: int) -> int:
+        """Remove every position of ledgers ``start..end``; return how many."""
+        removed = 0
+        for key, bm in self._sets.items():
+            if start <= key <= end:
+                removed += len(bm)
+                bm.clear()
+        self._count -= removed
+        return removed
+
+    def compact(self) -> None:
+        """Drop emptied ledgers."""
+        self._sets = {k: bm for k, bm in self._sets.items() if bm}
+
+    def clear(self) -> None:
+        """Remove everything."""
+        self._sets.clear()
+        self._count = 0
+
+    def memory_bytes(self) -> int:
+        """Resident estimate: the dict and the BitMaps."""
+        return sys.getsizeof(self._sets) + sum(
+            sys.getsizeof(bm) + _BITMAP_OVERHEAD for bm in self._sets.values()
+        )
+
+    def _check(self) -> None:
+        """Assert the invariants listed in the module docstring."""
+        total = sum(len(bm) for bm in self._sets.values())
+        if total != self._count:
+            raise AssertionError(f"count {self._count} != cardinality {total}")

@@ -1,0 +1,133 @@
+"""LedgerIndex: native (dense bitsets, sparse fallback) against pure (BitMaps) and a plain set.
+
+The entry domain mixes dense runs, far-apart values (forcing the sparse fallback and downward
+growth) and the 32-bit edges, so every bitset growth path is exercised.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from pyroaring import BitMap
+
+from delayindex import _impl
+
+native_module = _impl.native_module_or_none()
+assert native_module is not None, "the native extension must be built for the differential test"
+
+ledgers = st.integers(0, 5)
+entries = st.one_of(
+    st.integers(0, 300),
+    st.integers(5_000, 5_200),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([0, 63, 64, 2**32 - 65, 2**32 - 64, 2**32 - 1]),
+)
+
+
+class LedgerIndexMachine(RuleBasedStateMachine):
+    """Both twins and a model set in lock step."""
+
+    @initialize()
+    def build(self) -> None:
+        self.twins: list[Any] = [native_module.LedgerIndex(), _impl.PureLedgerIndex()]
+        self.model: set[tuple[int, int]] = set()
+
+    def _both(self, method: str, *args: Any) -> Any:
+        a, b = (getattr(t, method)(*args) for t in self.twins)
+        assert a == b, (method, args, a, b)
+        return a
+
+    @rule(ledger=ledgers, entry=entries)
+    def add(self, ledger: int, entry: int) -> None:
+        assert self._both("add", ledger, entry) == ((ledger, entry) not in self.model)
+        self.model.add((ledger, entry))
+
+    @rule(ledger=ledgers, start=st.integers(0, 400), n=st.integers(1, 300))
+    def add_run(self, ledger: int, start: int, n: int) -> None:
+        for entry in range(start, start + n, 2):
+            self.add(ledger, entry)
+
+    @rule(ledger=ledgers, entry=entries)
+    def discard(self, ledger: int, entry: int) -> None:
+        assert self._both("discard", ledger, entry) == ((ledger, entry) in self.model)
+        self.model.discard((ledger, entry))
+
+    @rule(ledger=ledgers, values=st.lists(entries, max_size=30))
+    def restore(self, ledger: int, values: list[int]) -> None:
+        new = {(ledger, v) for v in values} - self.model
+        assert self._both("restore", ledger, BitMap(values)) == len(new)
+        self.model |= new
+
+    @rule(ledger=ledgers, values=st.lists(st.integers(0, 2_000), max_size=30))
+    def restore_array(self, ledger: int, values: list[int]) -> None:
+        new = {(ledger, v) for v in values} - self.model
+        arr = np.array(sorted(set(values)), dtype=np.uint32)
+        assert self._both("restore", ledger, arr) == len(new)
+        self.model |= new
+
+    @rule(ledger=ledgers, entry=entries)
+    def remove_upto(self, ledger: int, entry: int) -> None:
+        gone = {p for p in self.model if p <= (ledger, entry)}
+        assert self._both("remove_upto", ledger, entry) == len(gone)
+        self.model -= gone
+
+    @rule(start=ledgers, end=ledgers)
+    def remove_ledgers(self, start: int, end: int) -> None:
+        gone = {p for p in self.model if start <= p[0] <= end}
+        assert self._both("remove_ledgers", start, end) == len(gone)
+        self.model -= gone
+
+    @rule()
+    def compact(self) -> None:
+        self._both("compact")
+
+    @rule(ledger=ledgers, entry=entries)
+    def queries(self, ledger: int, entry: int) -> None:
+        assert self._both("contains", ledger, entry) == ((ledger, entry) in self.model)
+        assert self._both("bitmap", ledger) == BitMap(e for lg, e in self.model if lg == ledger)
+        assert self._both("ledger_count", ledger) == sum(1 for p in self.model if p[0] == ledger)
+
+    @invariant()
+    def agree(self) -> None:
+        for twin in self.twins:
+            twin._check()
+            assert len(twin) == len(self.model)
+            assert twin.ledgers() == sorted({p[0] for p in self.model})
+            assert twin.num_ledgers == len({p[0] for p in self.model})
+
+
+TestLedgerIndexDifferential = LedgerIndexMachine.TestCase
+
+
+@pytest.mark.parametrize("which", ["native", "pure"])
+def test_bad_ids_are_rejected(which: str) -> None:
+    index = native_module.LedgerIndex() if which == "native" else _impl.PureLedgerIndex()
+    for ledger, entry in [(-1, 0), (0, -1), (0, 2**32)]:
+        with pytest.raises(ValueError):
+            index.add(ledger, entry)
+    assert len(index) == 0
+
+
+def test_dense_ledgers_cost_well_under_a_byte_per_entry() -> None:
+    index = native_module.LedgerIndex()
+    rng = np.random.default_rng(5)
+    for ledger in range(200):
+        for entry in np.flatnonzero(rng.random(1_000) < 0.5).tolist():
+            index.add(ledger, entry)
+    assert index.memory_bytes() / len(index) < 1.0  # roaring array containers: ~2 B + objects
+    index._check()
+
+
+def test_sparse_ledger_falls_back_and_stays_correct() -> None:
+    index = native_module.LedgerIndex()
+    values = [0, 2**31, 2**32 - 1, 77, 10**9]
+    for value in values:
+        assert index.add(3, value)
+    assert index.bitmap(3) == BitMap(values)
+    assert index.memory_bytes() < 4_096  # no 512 MiB bitset
+    assert index.discard(3, 77) and not index.contains(3, 77)
+    index._check()
