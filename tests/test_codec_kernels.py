@@ -32,6 +32,7 @@ ROARING_COOKIE = 12347
 
 #: Kernels with a differential test below; must be all of them.
 TESTED = {
+    "build_segments",
     "decode_segments",
     "murmur3_32",
     "pack_times",
@@ -627,3 +628,39 @@ def test_roaring_union_by_ledger(pieces: list[tuple[int, list[int], bool]], dens
 def test_roaring_union_by_ledger_rejects_garbage() -> None:
     _rejected("roaring_union_by_ledger", np.array([1], dtype=np.int64), [b"junk"])
     _rejected("roaring_union_by_ledger", np.array([1, 2], dtype=np.int64), [b""])
+
+
+# --- build_segments --------------------------------------------------------------------------------
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 400), st.integers(0, 3), _bitmap_values()), min_size=1, max_size=6
+    ),
+    st.integers(1, 200),
+    st.sampled_from([-1, 1, 2, 7, 5000]),
+)
+def test_build_segments(groups: list[tuple[int, int, list[int]]], step: int, max_per: int) -> None:
+    seen: set[tuple[int, int]] = set()
+    times, ledgers, entries = [], [], []
+    for t0, ledger, values in groups:
+        for i, entry in enumerate(values[:3000]):
+            if (ledger, entry) not in seen:
+                seen.add((ledger, entry))
+                times.append(t0 + i % 50)
+                ledgers.append(ledger)
+                entries.append(entry)
+    cols = [np.array(c, dtype=np.int64) for c in (times, ledgers, entries)]
+    out = _ok("build_segments", *cols, step, max_per)
+    t, lg, en, mins, maxs, counts = out[:6]
+    assert sorted(zip(times, ledgers, entries, strict=True)) == list(
+        zip(t.tolist(), lg.tolist(), en.tolist(), strict=True)
+    )
+    assert counts.sum() == len(times)
+    assert max_per == -1 or len(counts) == 0 or counts.max() <= max_per
+    assert np.all(maxs - mins <= step - 1)
+
+
+def test_build_segments_rejects_a_repeated_position() -> None:
+    cols = [np.array(c, dtype=np.int64) for c in ([5, 5], [1, 1], [9, 9])]
+    _rejected("build_segments", *cols, 10, -1)

@@ -58,6 +58,48 @@ cdef extern from *:
         return a->ledger < b->ledger || (a->ledger == b->ledger && a->entry < b->entry);
     }
 
+    /* (time, ledger, entry) triples; sorted either by all three or by (ledger, entry). */
+    typedef struct { long long time; long long ledger; long long entry; } DiTriple;
+
+    static inline int di_tle_lt(const DiTriple* a, const DiTriple* b) {
+        if (a->time != b->time) return a->time < b->time;
+        if (a->ledger != b->ledger) return a->ledger < b->ledger;
+        return a->entry < b->entry;
+    }
+
+    static inline int di_le_lt(const DiTriple* a, const DiTriple* b) {
+        return a->ledger < b->ledger || (a->ledger == b->ledger && a->entry < b->entry);
+    }
+
+    #define DI_DEFINE_SORT(NAME, LT)                                                       \
+    static void NAME(DiTriple* a, Py_ssize_t n) {                                        \
+        while (n > 16) {                                                                 \
+            Py_ssize_t i = 0, j = n - 1, mid = n / 2;                                    \
+            DiTriple t, pivot;                                                           \
+            if (LT(&a[mid], &a[0])) { t = a[mid]; a[mid] = a[0]; a[0] = t; }             \
+            if (LT(&a[j], &a[0])) { t = a[j]; a[j] = a[0]; a[0] = t; }                   \
+            if (LT(&a[j], &a[mid])) { t = a[j]; a[j] = a[mid]; a[mid] = t; }             \
+            pivot = a[mid];                                                              \
+            for (;;) {                                                                   \
+                while (LT(&a[i], &pivot)) i++;                                           \
+                while (LT(&pivot, &a[j])) j--;                                           \
+                if (i >= j) break;                                                       \
+                t = a[i]; a[i] = a[j]; a[j] = t;                                         \
+                i++; j--;                                                                \
+            }                                                                            \
+            if (j + 1 < n - j - 1) { NAME(a, j + 1); a += j + 1; n -= j + 1; }           \
+            else { NAME(a + j + 1, n - j - 1); n = j + 1; }                              \
+        }                                                                                \
+        for (Py_ssize_t i = 1; i < n; i++) {                                             \
+            DiTriple x = a[i];                                                           \
+            Py_ssize_t k = i;                                                            \
+            while (k > 0 && LT(&x, &a[k - 1])) { a[k] = a[k - 1]; k--; }                 \
+            a[k] = x;                                                                    \
+        }                                                                                \
+    }
+    DI_DEFINE_SORT(di_sort_tle, di_tle_lt)
+    DI_DEFINE_SORT(di_sort_le, di_le_lt)
+
     static void di_sort_pos(DiPos* a, Py_ssize_t n) {
         while (n > 16) {
             Py_ssize_t i = 0, j = n - 1, mid = n / 2;
@@ -89,6 +131,12 @@ cdef extern from *:
         long long ledger
         long long entry
     void di_sort_pos(DiPos* a, Py_ssize_t n) nogil
+    ctypedef struct DiTriple:
+        long long time
+        long long ledger
+        long long entry
+    void di_sort_tle(DiTriple* a, Py_ssize_t n) nogil
+    void di_sort_le(DiTriple* a, Py_ssize_t n) nogil
     object di_make_pair(object type, object first, long long second)
     tuple di_int_triple(long long a, long long b, long long c)
 

@@ -29,6 +29,7 @@ PureLedgerIndex = _pure_index.LedgerIndex
 pure_wall_clock_ms = _pure_clock.wall_clock_ms
 #: The codec kernels: each is a function of both ``_native`` and ``_pure.codec``.
 CODEC_KERNELS = (
+    "build_segments",
     "decode_segments",
     "murmur3_32",
     "pack_times",
@@ -68,6 +69,7 @@ def _load() -> tuple[ModuleType | None, bool]:
 if TYPE_CHECKING:
     from delayindex._pure.bucket import BucketCore
     from delayindex._pure.codec import (
+        build_segments,
         decode_segments,
         murmur3_32,
         pack_times,
@@ -98,6 +100,7 @@ else:
         LedgerIndex = PureLedgerIndex
         wall_clock_ms = pure_wall_clock_ms
         _kernels = _pure_codec
+    build_segments = _kernels.build_segments
     decode_segments = _kernels.decode_segments
     murmur3_32 = _kernels.murmur3_32
     pack_times = _kernels.pack_times
@@ -119,6 +122,7 @@ __all__ = [
     "PureTripleHeap",
     "TrackerCore",
     "TripleHeap",
+    "build_segments",
     "decode_segments",
     "murmur3_32",
     "native_module_or_none",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 import mmh3
 import numpy as np
@@ -223,3 +224,56 @@ def roaring_union_by_ledger(
     offsets = np.cumsum([0, *(len(p) for p in parts)], dtype=np.int64)
     entries = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
     return np.array(ids, dtype=np.int64), offsets, entries.astype(np.uint32)
+
+
+def build_segments(
+    times: Int64Array,
+    ledgers: Int64Array,
+    entries: Int64Array,
+    max_time_step_ms: int,
+    max_indexes_per_segment: int,
+) -> tuple[Any, ...]:
+    """Sort, cut and encode segments in one pass (see the native twin for the result)."""
+    t, lg, en = (np.ascontiguousarray(a, dtype=np.int64) for a in (times, ledgers, entries))
+    if not len(t) == len(lg) == len(en):
+        raise ValueError("times, ledgers and entries differ in length")
+    if max_time_step_ms < 1:
+        raise ValueError("max_time_step_ms must be >= 1")
+    order = np.lexsort((en, lg, t))
+    t, lg, en = t[order], lg[order], en[order]
+    mins, maxs, counts, offsets = [], [], [], [0]
+    seg_ledgers: list[int] = []
+    bitmaps: list[bytes] = []
+    packed: list[bytes] = []
+    tl, n, start = t.tolist(), len(t), 0
+    while start < n:
+        upper = min(tl[start] + max_time_step_ms - 1, 2**63 - 1)
+        stop = start + 1
+        while (
+            stop < n
+            and tl[stop] <= upper
+            and (max_indexes_per_segment == -1 or stop - start < max_indexes_per_segment)
+        ):
+            stop += 1
+        by_pos = np.lexsort((en[start:stop], lg[start:stop]))
+        seg_t, seg_l, seg_e = t[start:stop][by_pos], lg[start:stop][by_pos], en[start:stop][by_pos]
+        dup = (seg_l[1:] == seg_l[:-1]) & (seg_e[1:] == seg_e[:-1])
+        if dup.any():
+            i = int(np.flatnonzero(dup)[0]) + 1
+            raise ValueError(f"position ({seg_l[i]}, {seg_e[i]}) appears twice")
+        for ledger, group in itertools.groupby(
+            zip(seg_l.tolist(), seg_e.tolist(), strict=True), key=lambda p: p[0]
+        ):
+            bm = BitMap([e for _, e in group])
+            bm.run_optimize()
+            seg_ledgers.append(ledger)
+            bitmaps.append(bytes(bm.serialize()))
+        offsets.append(len(seg_ledgers))
+        mins.append(tl[start])
+        maxs.append(tl[stop - 1])
+        counts.append(stop - start)
+        packed.append(pack_times(seg_t, tl[start], tl[stop - 1] - tl[start]))
+        start = stop
+    as64 = lambda v: np.array(v, dtype=np.int64)  # noqa: E731
+    return (t, lg, en, as64(mins), as64(maxs), as64(counts), as64(offsets), as64(seg_ledgers),
+            bitmaps, packed)  # fmt: skip

@@ -51,6 +51,7 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from delayindex import _impl
+from delayindex._memory import release_free_memory
 from delayindex.clock import Clock
 from delayindex.config import TrackerConfig
 from delayindex.errors import (
@@ -496,12 +497,13 @@ class DelayIndex:
             ValueError: an id is out of range. TypeError: an argument is not an int.
             TrackerClosedError: the index is closed.
         """
+        # The hot path: one lock, one clock read, one core call (a closed index has a core
+        # whose add raises TrackerClosedError, so there is no separate closed check).
         with self._lock:
-            self._check_open()
             now = self._clock()
             try:
                 code = self._core.add(ledger_id, entry_id, deliver_at, now)
-                if code == _SEAL_FIRST:
+                if code == 3:  # the mutable bucket must be sealed first
                     self._seal()
                     code = self._core.add(ledger_id, entry_id, deliver_at, now)
             except (TypeError, OverflowError):
@@ -509,15 +511,12 @@ class DelayIndex:
                 self._now()
                 raise
             arming = self._arming
-            if (
-                code == 1
-                and arming is not None
-                and (arming.target < 0 or deliver_at < arming.target)
-            ):
-                arming.update(self._core.next_time(), now, self._core.tick_ms)
+            if code == 1 and arming is not None:
+                if arming.target < 0 or deliver_at < arming.target:
+                    arming.update(self._core.next_time(), now, self._core.tick_ms)
         if self._queued:
             self._submit_queued()
-        return bool(code != 0)
+        return code != 0
 
     def add_many(
         self, ledger_ids: object, entry_ids: object, deliver_ats: object
@@ -584,6 +583,7 @@ class DelayIndex:
             max_indexes_per_segment=self._config.max_indexes_per_segment,
             start_ledger=start,
             end_ledger=end,
+            validate=False,  # positions come from the dedup index: distinct by construction
         )
 
     def _create_job(
@@ -689,7 +689,11 @@ class DelayIndex:
             b.merging = True
         self._merge_in_flight = True
         epoch = self._epoch
-        self._queue(lambda: self._merge_job(sources, epoch))
+        self._queue(lambda: self._merge_then_trim(sources, epoch))
+
+    def _merge_then_trim(self, sources: list[_Bucket], epoch: int) -> None:
+        self._merge_job(sources, epoch)
+        release_free_memory()  # the merge's decoded segments (tens of MB) are garbage now
 
     def _merge_job(self, sources: list[_Bucket], epoch: int) -> None:
         started = time.perf_counter()
@@ -920,7 +924,10 @@ class DelayIndex:
         return self._mark
 
     def flush(self) -> None:
-        """Block until every snapshot create, merge and delete started so far has finished."""
+        """Block until every snapshot create, merge and delete started so far has finished.
+
+        Then returns the memory their temporaries freed to the OS (see ``delayindex._memory``).
+        """
         while True:
             with self._inflight_lock:
                 pending = list(self._inflight)
@@ -928,6 +935,7 @@ class DelayIndex:
                 with self._lock:
                     queued = bool(self._queued)
                 if not queued:
+                    release_free_memory()
                     return
                 self._submit_queued_from_job()
                 continue
@@ -1061,6 +1069,7 @@ class DelayIndex:
         self._shutdown_executor()
         with self._lock:
             self._core.clear()
+            self._core = _ClosedCore(self._core)
             self._buckets.clear()
         self._catalog.close()
 
@@ -1111,6 +1120,46 @@ class DelayIndex:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"tracked={len(self)} buckets={len(self._buckets)}"
         return f"<DelayIndex {self._name!r} {state}>"
+
+
+class _ClosedCore:
+    """Stands in for the core after close: queries see an empty index, changes raise."""
+
+    def __init__(self, old: Any) -> None:
+        self.tick_ms = old.tick_ms
+        self._counters = old.counters()
+
+    def _closed(self, *args: object) -> Any:
+        raise TrackerClosedError("the DelayIndex is closed")
+
+    add = add_many = poll = _closed
+
+    def __len__(self) -> int:
+        return 0
+
+    def next_time(self) -> None:
+        return None
+
+    def has_due(self, now: int) -> bool:
+        return False
+
+    def should_pause(self, now: int) -> bool:
+        return False
+
+    def contains(self, ledger: int, entry: int) -> bool:
+        return False
+
+    def index_bitmap(self, ledger: int) -> None:
+        return None
+
+    def memory_bytes(self) -> int:
+        return 0
+
+    def counters(self) -> dict[str, Any]:
+        return dict(self._counters)
+
+    def _check(self) -> None:
+        pass
 
 
 _OPEN_TOKEN = object()
