@@ -630,7 +630,7 @@ def test_roaring_union_by_ledger_rejects_garbage() -> None:
     _rejected("roaring_union_by_ledger", np.array([1, 2], dtype=np.int64), [b""])
 
 
-# --- build_segments --------------------------------------------------------------------------------
+# --- build_segments ------------------------------------------------------------------------------
 
 
 @given(

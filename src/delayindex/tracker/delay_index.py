@@ -511,9 +511,12 @@ class DelayIndex:
                 self._now()
                 raise
             arming = self._arming
-            if code == 1 and arming is not None:
-                if arming.target < 0 or deliver_at < arming.target:
-                    arming.update(self._core.next_time(), now, self._core.tick_ms)
+            if (
+                code == 1
+                and arming is not None
+                and (arming.target < 0 or deliver_at < arming.target)
+            ):
+                arming.update(self._core.next_time(), now, self._core.tick_ms)
         if self._queued:
             self._submit_queued()
         return code != 0
