@@ -33,15 +33,18 @@ import gc
 import json
 import os
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from heapq import heappop, heappush
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from sortedcontainers import SortedList
 
-from delayindex import InMemoryTracker, ManualClock, Position
+from delayindex import DelayIndex, FileStorage, InMemoryTracker, ManualClock, Position
+from delayindex._memory import release_free_memory
 from delayindex.workload import generate
 
 Int64Array = npt.NDArray[np.int64]
@@ -189,9 +192,16 @@ def delayed_subset(n: int, *, seed: int = 0) -> tuple[Int64Array, Int64Array, In
 # -- memory probe (runs in a fresh interpreter, see bench_memory.py) -------------------------------
 
 #: Memory probe variants: how the tracker is built and filled.
-PROBE_VARIANTS: tuple[str, ...] = ("in_memory-add_many", "in_memory-add", "heapq")
+PROBE_VARIANTS: tuple[str, ...] = (
+    "delay_index-add_many",
+    "in_memory-add_many",
+    "in_memory-add",
+    "heapq",
+)
 
 _STREAM_CHUNK = 4096
+#: Rows per add_many call: a dispatcher hands over batches, not the whole backlog at once.
+_BATCH_ROWS = 100_000
 
 
 def _rss_bytes() -> int:
@@ -226,19 +236,31 @@ def probe_main(argv: Sequence[str]) -> None:
         raise SystemExit(f"unknown variant {variant!r}; expected one of {PROBE_VARIANTS}")
     columns = delayed_subset(n)
     clock = ManualClock(0)  # every realistic deliver_at (year 2026) is far in its future
-    tracker: InMemoryTracker | HeapqSetTracker = (
-        HeapqSetTracker(clock) if variant == "heapq" else InMemoryTracker(clock=clock)
-    )
+    tracker: Any
+    if variant == "heapq":
+        tracker = HeapqSetTracker(clock)
+    elif variant.startswith("delay_index"):
+        tracker = DelayIndex.open(
+            FileStorage(tempfile.mkdtemp(prefix="delayindex-probe-")), "probe", clock=clock
+        )
+    else:
+        tracker = InMemoryTracker(clock=clock)
+    # Both readings come after a collection and after freed heap pages went back to the OS, so
+    # garbage from generating the workload (or from the trackers' temporaries) counts for no one.
     gc.collect()
+    release_free_memory()
     before = _rss_bytes()
-    if variant == "in_memory-add_many":
-        assert isinstance(tracker, InMemoryTracker)
-        tracker.add_many(*columns)
+    if variant.endswith("add_many"):
+        for start in range(0, n, _BATCH_ROWS):
+            tracker.add_many(*(column[start : start + _BATCH_ROWS] for column in columns))
     else:
         add = tracker.add
         for ledger_id, entry_id, deliver_at in _stream(columns):
             add(ledger_id, entry_id, deliver_at)
+    if isinstance(tracker, DelayIndex):
+        tracker.flush()
     gc.collect()
+    release_free_memory()
     after = _rss_bytes()
     tracked = len(tracker)
     if tracked != n:
@@ -248,6 +270,9 @@ def probe_main(argv: Sequence[str]) -> None:
         "tracked": tracked,
         "rss_bytes_per_msg": (after - before) / tracked,
     }
-    if isinstance(tracker, InMemoryTracker):
+    if isinstance(tracker, InMemoryTracker | DelayIndex):
         result["reported_bytes_per_msg"] = tracker.memory_usage_bytes() / tracked
+    if isinstance(tracker, DelayIndex):
+        result["buckets"] = len(tracker.buckets())
+        tracker.close()
     sys.stdout.write(json.dumps(result) + "\n")

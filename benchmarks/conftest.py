@@ -19,6 +19,7 @@ Run (benchmarks are disabled by the project's default ``addopts``, hence ``--ben
 from __future__ import annotations
 
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -29,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from delayindex import NATIVE, InMemoryTracker, ManualClock, wall_clock_ms
+from delayindex import NATIVE, DelayIndex, FileStorage, InMemoryTracker, ManualClock, wall_clock_ms
 from delayindex.workload import DAY_MS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -229,9 +230,17 @@ def delayed(delayed_cache: Callable[[int], Delayed], size: int) -> Delayed:
 
 # -- trackers -------------------------------------------------------------------------------------
 
+
+def open_delay_index(clock: Callable[[], int]) -> DelayIndex:
+    """A DelayIndex with default settings on a fresh FileStorage directory (under /tmp)."""
+    return DelayIndex.open(FileStorage(tempfile.mkdtemp(prefix="delayindex-bench-")), "bench",
+                           clock=clock)  # fmt: skip
+
+
 #: Tracker kinds: factories taking a clock. Names containing "heapq" are the groups' baselines.
 TRACKER_FACTORIES: dict[str, Callable[[Callable[[], int]], Any]] = {
     "in_memory": lambda clock: InMemoryTracker(clock=clock),
+    "delay_index": open_delay_index,
     "heapq": HeapqSetTracker,
     "sortedlist": SortedListSetTracker,
 }
@@ -254,8 +263,10 @@ def make_tracker() -> Callable[[str, Callable[[], int]], Any]:
 
 
 def _fill(tracker: Any, data: Delayed) -> None:
-    if isinstance(tracker, InMemoryTracker):
+    if isinstance(tracker, InMemoryTracker | DelayIndex):
         tracker.add_many(data.ledgers, data.entries, data.deliver_at)
+        if isinstance(tracker, DelayIndex):
+            tracker.flush()  # sealed buckets durable: the realistic steady state
     else:
         add = tracker.add
         for ledger_id, entry_id, deliver_at in zip(

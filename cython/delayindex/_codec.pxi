@@ -16,7 +16,7 @@
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memset
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 
 cdef extern from *:
     """
@@ -697,13 +697,14 @@ def roaring_union_by_ledger(const int64_t[:] ledgers not None, list bitmaps not 
     offsets[i + 1]]``, ascending uint32. Recovery's hot path: a bucket's live segments hold
     thousands of small per-(segment, ledger) bitmaps, so they are parsed here in one call and
     merged through a bitset spanning each ledger's entry range (sorted instead when sparse).
-    Raises ValueError on a malformed bitmap.
+    Raises ValueError on a malformed bitmap or a position in two bitmaps.
     """
     cdef Py_ssize_t n = ledgers.shape[0], i, j, a, b, got, total = 0, n_groups = 0, words
     cdef Py_ssize_t bitset_words = 0, w
     cdef uint32_t low, high, value
     cdef uint64_t word
-    cdef const uint8_t[::1] data
+    cdef const uint8_t* data
+    cdef Py_ssize_t size
     cdef uint64_t* bitset = NULL
     if n != len(bitmaps):
         raise ValueError("ledgers and bitmaps differ in length")
@@ -711,9 +712,11 @@ def roaring_union_by_ledger(const int64_t[:] ledgers not None, list bitmaps not 
     cdef const int64_t[::1] vo = order
     cards = np.empty(n, dtype=np.int64)
     cdef int64_t[::1] vc = cards
+    bitmaps = [x if type(x) is bytes else bytes(x) for x in bitmaps]
     for i in range(n):
-        data = bitmaps[i]
-        vc[i] = roaring_parse(&data[0] if data.shape[0] else NULL, data.shape[0], NULL, 0)
+        data = <const uint8_t*> PyBytes_AS_STRING(bitmaps[i])
+        size = PyBytes_GET_SIZE(bitmaps[i])
+        vc[i] = roaring_parse(data if size else NULL, size, NULL, 0)
         total += vc[i]
     a = 0
     while a < n:
@@ -739,9 +742,9 @@ def roaring_union_by_ledger(const int64_t[:] ledgers not None, list bitmaps not 
                 b += 1
             got = 0
             for i in range(a, b):
-                data = bitmaps[vo[i]]
-                got += roaring_parse(&data[0] if data.shape[0] else NULL, data.shape[0],
-                                     out + pos + got, vc[vo[i]])
+                data = <const uint8_t*> PyBytes_AS_STRING(bitmaps[vo[i]])
+                size = PyBytes_GET_SIZE(bitmaps[vo[i]])
+                got += roaring_parse(data if size else NULL, size, out + pos + got, vc[vo[i]])
             if b - a > 1 and got > 1:
                 low = high = out[pos]
                 for j in range(got):
@@ -761,6 +764,10 @@ def roaring_union_by_ledger(const int64_t[:] ledgers not None, list bitmaps not 
                     memset(bitset, 0, words * sizeof(uint64_t))
                     for j in range(got):
                         value = out[pos + j] - low
+                        if (bitset[value >> 6] >> (value & 63)) & 1:
+                            raise ValueError(
+                                f"position ({ledgers[vo[a]]}, {out[pos + j]}) is in two "
+                                f"segments")
                         bitset[value >> 6] |= (<uint64_t> 1) << (value & 63)
                     j = 0
                     for w in range(words):
@@ -769,7 +776,6 @@ def roaring_union_by_ledger(const int64_t[:] ledgers not None, list bitmaps not 
                             out[pos + j] = low + <uint32_t> ((w << 6) + <uint32_t> di_ctzll(word))
                             j += 1
                             word &= word - 1
-                    got = j  # duplicates (never in a valid snapshot) collapse here
                 else:
                     sparse.append(g)
             v_ids[g] = ledgers[vo[a]]
@@ -782,6 +788,9 @@ def roaring_union_by_ledger(const int64_t[:] ledgers not None, list bitmaps not 
     for g in sparse:
         part = entries[offsets[g]:offsets[g + 1]]
         part.sort()
+        twice = np.flatnonzero(part[1:] == part[:len(part) - 1])
+        if len(twice):
+            raise ValueError(f"position ({ids[g]}, {part[twice[0]]}) is in two segments")
     return ids, offsets, entries[:pos]
 
 

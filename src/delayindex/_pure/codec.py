@@ -216,6 +216,9 @@ def roaring_union_by_ledger(
         except Exception as exc:  # pyroaring raises plain ValueError or similar
             raise ValueError(f"bad roaring bitmap: {exc}") from None
         if ledger in union:
+            overlap = union[ledger] & bm
+            if overlap:
+                raise ValueError(f"position ({ledger}, {overlap.min()}) is in two segments")
             union[ledger] |= bm
         else:
             union[ledger] = bm

@@ -343,15 +343,32 @@ def _metadata_from_message(
         raise ValueError("a ledger lies outside the bucket's range")
     ledgers = relative.astype(np.int64) + np.int64(start)
     bitmaps = tuple(message.bitmaps)
-    if check_bitmaps:
-        cardinality = _impl.roaring_check_positions(ledgers, list(bitmaps))
-        if np.any(cardinality < 1) or not np.array_equal(
-            np.add.reduceat(cardinality, firsts), counts
-        ):
-            raise ValueError("the bitmaps do not hold the segment counts")
     if message.num_messages != int(counts.sum()):
         raise ValueError("num_messages differs from the segment counts")
-    return SnapshotMetadata(start, end, mins, maxs, counts, offsets, ledgers, bitmaps)
+    metadata = SnapshotMetadata(start, end, mins, maxs, counts, offsets, ledgers, bitmaps)
+    if check_bitmaps:
+        _check_bitmaps(metadata)
+    return metadata
+
+
+def _check_bitmaps(metadata: SnapshotMetadata) -> None:
+    cardinality = _impl.roaring_check_positions(metadata.ledgers, list(metadata.bitmaps))
+    if np.any(cardinality < 1) or not np.array_equal(
+        np.add.reduceat(cardinality, metadata.ledger_offsets[:-1]), metadata.counts
+    ):
+        raise ValueError("the bitmaps do not hold the segment counts")
+
+
+def check_metadata_bitmaps(metadata: SnapshotMetadata, name: str) -> None:
+    """Parse every bitmap of ``metadata``: well-formed, counts match, no position twice.
+
+    Raises:
+        SnapshotCorruptError: naming ``name``.
+    """
+    try:
+        _check_bitmaps(metadata)
+    except ValueError as exc:
+        raise SnapshotCorruptError(f"{name}: inconsistent metadata: {exc}") from None
 
 
 class SegmentList(Sequence[Segment]):

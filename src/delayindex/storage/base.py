@@ -48,6 +48,7 @@ from delayindex.errors import (
 from delayindex.snapshot.codec import (
     FIXED_HEADER_BYTES,
     ObjectHeader,
+    check_metadata_bitmaps,
     decode_metadata,
     decode_segments,
     encode_snapshot,
@@ -151,8 +152,11 @@ class SnapshotStorage(Protocol):
         """
         ...
 
-    def get_metadata(self, snapshot_id: str) -> SnapshotMetadata:
+    def get_metadata(self, snapshot_id: str, *, check_bitmaps: bool = True) -> SnapshotMetadata:
         """The snapshot's metadata (entry 0).
+
+        ``check_bitmaps=False`` skips parsing every per-segment bitmap up front, for callers
+        that parse the ones they use themselves (recovery does, with its own checks).
 
         Raises:
             SnapshotNotFoundError, SnapshotCorruptError, StorageError.
@@ -291,7 +295,8 @@ class BaseStorage(ABC):
             raise ValueError("metadata_cache_size must be >= 0")
         self._stats: dict[str, dict[str, int]] = {op: dict.fromkeys(STAT_FIELDS, 0) for op in OPS}
         self._state_lock = threading.Lock()  # guards stats, cache, held locks, closed
-        self._cache: OrderedDict[str, tuple[Hashable, SnapshotMetadata]] = OrderedDict()
+        # id -> (fingerprint, metadata, whether every bitmap was checked)
+        self._cache: OrderedDict[str, tuple[Hashable, SnapshotMetadata, bool]] = OrderedDict()
         self._cache_size = metadata_cache_size
         self._held: set[LockHandle] = set()
         self._closed = False
@@ -394,21 +399,34 @@ class BaseStorage(ABC):
             pos += length
         return entries
 
-    def _metadata(self, src: ObjectSource, header: ObjectHeader) -> SnapshotMetadata:
+    def _metadata(
+        self, src: ObjectSource, header: ObjectHeader, check_bitmaps: bool = False
+    ) -> SnapshotMetadata:
+        """Decoded metadata, cached with whether its bitmaps were fully checked yet."""
         with self._state_lock:
             cached = self._cache.get(src.key)
-            if cached is not None and cached[0] == src.fingerprint:
+            if cached is not None and cached[0] != src.fingerprint:
+                cached = None
+            if cached is not None:
                 self._cache.move_to_end(src.key)
-                return cached[1]
-        metadata = decode_metadata(self._read_entries(src, header, 0, 0)[0], src.where)
-        if metadata.num_segments != header.num_segments:
-            raise SnapshotCorruptError(
-                f"{src.where}: {header.num_segments} segment entries, "
-                f"metadata lists {metadata.num_segments}"
+                if cached[2] or not check_bitmaps:
+                    return cached[1]
+        if cached is not None:
+            metadata = cached[1]
+        else:
+            metadata = decode_metadata(
+                self._read_entries(src, header, 0, 0)[0], src.where, check_bitmaps=False
             )
+            if metadata.num_segments != header.num_segments:
+                raise SnapshotCorruptError(
+                    f"{src.where}: {header.num_segments} segment entries, "
+                    f"metadata lists {metadata.num_segments}"
+                )
+        if check_bitmaps:
+            check_metadata_bitmaps(metadata, src.where)
         if self._cache_size:
             with self._state_lock:
-                self._cache[src.key] = (src.fingerprint, metadata)
+                self._cache[src.key] = (src.fingerprint, metadata, check_bitmaps)
                 self._cache.move_to_end(src.key)
                 while len(self._cache) > self._cache_size:
                     self._cache.popitem(last=False)
@@ -428,13 +446,13 @@ class BaseStorage(ABC):
         self._retry("create", key, lambda n: self._raw_put(key, data, may_exist=n > 1))
         return key
 
-    def get_metadata(self, snapshot_id: str) -> SnapshotMetadata:
+    def get_metadata(self, snapshot_id: str, *, check_bitmaps: bool = True) -> SnapshotMetadata:
         """See :meth:`SnapshotStorage.get_metadata`."""
         validate_key(snapshot_id, "snapshot id")
 
         def attempt(_: int) -> SnapshotMetadata:
             with self._raw_source(snapshot_id) as src:
-                return self._metadata(src, self._read_header(src))
+                return self._metadata(src, self._read_header(src), check_bitmaps)
 
         return self._retry("get_metadata", snapshot_id, attempt)
 

@@ -172,6 +172,26 @@ class _OpStats:
         }
 
 
+def _live_positions(metadata: SnapshotMetadata, first: int, name: str) -> Any:
+    """Per-ledger union of segments ``first..`` (recovery's index), checked against the counts.
+
+    Raises:
+        SnapshotCorruptError: a bitmap is malformed, a position is in two segments, or the
+            bitmaps do not hold the segments' counts.
+    """
+    try:
+        ledgers, offsets, entries = metadata.ledger_entries(first)
+    except ValueError as exc:
+        raise SnapshotCorruptError(f"{name}: bad bitmaps: {exc}") from None
+    expected = int(metadata.counts[first - 1 :].sum())
+    if len(entries) != expected:
+        raise SnapshotCorruptError(
+            f"{name}: the live segments' bitmaps hold {len(entries)} positions, "
+            f"their counts say {expected}"
+        )
+    return ledgers, offsets, entries
+
+
 def _segment_lasts(segments: list[Any]) -> list[tuple[int, int, int]]:
     """The last ``(time, ledger, entry)`` of each segment, in segment order."""
     return [(int(s.times[-1]), int(s.ledgers[-1]), int(s.entries[-1])) for s in segments]
@@ -364,16 +384,18 @@ class DelayIndex:
         records, overlapping = resolve_overlaps(self._catalog.buckets())
         now = self._now()
         cutoff = self._core.cutoff_for(now)
-        loaded: list[tuple[BucketRecord, SnapshotMetadata, int, Any]] = []
+        loaded: list[tuple[BucketRecord, SnapshotMetadata, int, Any, Any]] = []
         drop: list[str] = [r.snapshot_id for r in overlapping]
         for record in records:
             sid_name = record.snapshot_id
             try:
-                metadata = self._storage.get_metadata(sid_name)
+                # Bitmaps are parsed once, below, and only those of the live segments.
+                metadata = self._storage.get_metadata(sid_name, check_bitmaps=False)
                 first = metadata.first_live_segment(cutoff)
                 if first is None:
                     drop.append(sid_name)  # every index is due: the dispatcher delivers them
                     continue
+                live = _live_positions(metadata, first, sid_name)
                 segment = self._storage.get_segments(sid_name, first, first)[0]
             except SnapshotNotFoundError:
                 message = (
@@ -390,10 +412,10 @@ class DelayIndex:
                     f"cannot recover {self._name!r}: snapshot {sid_name!r} "
                     f"(bucket [{record.start_ledger}, {record.end_ledger}]): {exc}"
                 ) from exc
-            loaded.append((record, metadata, first, segment))
+            loaded.append((record, metadata, first, segment, live))
         core = self._core
-        for record, metadata, first, segment in loaded:
-            core.restore_many(*metadata.ledger_entries(first))
+        for record, metadata, first, segment, live in loaded:
+            core.restore_many(*live)
             bucket = self._new_bucket(record.start_ledger, record.end_ledger, 0)
             self._make_durable(bucket, record, metadata)
             bucket.current = first
