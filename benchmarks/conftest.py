@@ -317,6 +317,8 @@ def summary_lines(benchmarks: list[dict[str, Any]]) -> list[str]:
         others = [b for b in members if BASELINE_MARK not in b["name"]]
         if all("indexes" in b["extra_info"] for b in members):
             lines.append(f"{group}: " + _codec_line(members))
+        elif all("max_add_ms" in b["extra_info"] for b in members):
+            lines.append(f"{group}: " + _latency_line(members))
         elif all("rss_bytes_per_msg" in b["extra_info"] for b in members):
             lines.append(f"{group}: " + _memory_line(baselines, others))
         elif len(baselines) == 1:
@@ -325,6 +327,18 @@ def summary_lines(benchmarks: list[dict[str, Any]]) -> list[str]:
             times = ", ".join(f"{_label(b)} {_format_seconds(b['min'])}" for b in members)
             lines.append(f"{group}: (no single heapq baseline) min {times}")
     return lines
+
+
+def _latency_line(members: list[dict[str, Any]]) -> str:
+    parts = []
+    for bench in members:
+        info = bench["extra_info"]
+        text = f"{_label(bench)} longest add {info['max_add_ms']:.1f} ms"
+        text += f" (p99.99 {info['p9999_add_ms']:.2f} ms"
+        if "seals" in info:
+            text += f", {info['seals']} seals, {info['merges']} merges"
+        parts.append(text + ")")
+    return "; ".join(parts)
 
 
 def _codec_line(members: list[dict[str, Any]]) -> str:
