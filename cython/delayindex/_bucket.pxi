@@ -2,20 +2,23 @@
 #
 # How it works. Every tracked message is in exactly one source: the mutable heap (the last
 # mutable bucket), the direct heap (non-monotonic ledgers; never persisted), or a segment source
-# (a sealed bucket's sorted arrays with a cursor). ``heads`` is a small binary heap holding one
-# key per segment source: its cursor's triple, or (placeholder, -1, -1) once the arrays are used
-# up and the bucket has an unloaded next segment. Delivery is a k-way merge: the smallest of the
-# two heap tops and the heads top. A due placeholder stops the merge (``load_needed``); because
-# a next segment's indexes are >= its placeholder, delivery stays globally ordered.
+# of a sealed bucket. A segment source is either the sealed bucket's former mutable heap (moved,
+# not copied, at seal time: the seal is O(1)) or, once its snapshot is durable, a compact sorted
+# array run with a cursor. ``heads`` is a small binary heap holding one key per segment source:
+# its current head, or (placeholder, -1, -1) once it is used up and the bucket has an unloaded
+# next segment. Delivery is a k-way merge: the smallest of the two heap tops and the heads top.
+# A due placeholder stops the merge (``load_needed``); since a next segment's indexes are >= its
+# placeholder, delivery stays globally ordered.
 #
-# The dedup index is one pyroaring BitMap per ledger (count == total cardinality). A copy whose
-# position is no longer tracked is skipped on pop. ``stale``: positions untracked by a due re-add
-# whose heap node may remain (re-tracking purges it). ``shadow``: positions tracked in the direct
-# heap while their ledger is in a sealed range; their segment copies are obsolete.
+# The dedup index is a LedgerIndex (len(core) == len(index)). A copy whose position is not
+# tracked is skipped on pop. ``stale``: positions untracked by a due re-add whose heap node may
+# remain (re-tracking purges it; so does re-tracking a mark-deleted one). ``shadow``: positions
+# tracked in the direct heap while their ledger is in a sealed range; their segment copies are
+# obsolete.
 #
-# Invariants (_check): count == bitmap cardinality (emptied bitmaps are swept lazily); heads holds one
-# key per live source, equal to its head or placeholder; cursors within their arrays; mutable
-# nodes lie in the mutable range.
+# Invariants (_check): the index's own; heads holds exactly one key per live source, equal to
+# its head or placeholder, in heap order; array cursors lie within their arrays; mutable nodes
+# lie in the mutable range.
 
 from sortedcontainers import SortedDict
 

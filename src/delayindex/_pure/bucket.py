@@ -1,33 +1,31 @@
 """Pure-Python twin of the native ``BucketCore`` (see ``cython/delayindex/_bucket.pxi``).
 
 ``BucketCore`` is the sans-IO state of :class:`~delayindex.DelayIndex`: every message it tracks
-is in exactly one of three kinds of *source*, and delivery is a k-way merge over them.
+is in exactly one *source*, and delivery is a k-way merge over them.
 
 * the **mutable** heap: the last mutable bucket (PIP-195), ledgers ``>=`` its end ledger;
 * the **direct** heap: non-monotonic adds (a ledger below the mutable bucket's end or inside a
   sealed range, Pulsar #25371); never persisted, as in Pulsar;
-* **segment sources**, one per sealed bucket: a compact run of ``(time, ledger, entry)`` sorted
-  arrays with a cursor, plus an optional *placeholder*: the min deliver time of the bucket's
-  next unloaded segment. A small heap (``heads``) holds one key per segment source: its cursor's
-  triple, or ``(placeholder, -1, -1)`` once its arrays are used up. A placeholder at the head that
-  is due stops the merge and names the bucket in ``load_needed``; the driver loads the segment
-  and calls :meth:`set_source`. Because the next segment's indexes are ``>=`` the placeholder
-  in ``(time, ledger, entry)`` order, delivery stays globally ordered across buckets. A source
-  whose arrays are used up with no placeholder is *exhausted* (:meth:`take_exhausted`).
+* **segment sources**, one per sealed bucket: at first the sealed bucket's former mutable heap
+  (moved at seal time, so sealing is O(1)); once its snapshot is durable, a compact run of
+  ``(time, ledger, entry)`` sorted arrays with a cursor, plus an optional *placeholder*: the
+  min deliver time of the bucket's next unloaded segment. A small heap (``heads``) holds one key
+  per segment source: its head, or ``(placeholder, -1, -1)`` once it is used up. A due
+  placeholder at the head stops the merge and names the bucket in ``load_needed``; the driver
+  loads the segment and calls :meth:`set_source`. Because the next segment's indexes are ``>=``
+  the placeholder, delivery stays globally ordered across buckets. A source used up with no
+  placeholder is *exhausted* (:meth:`take_exhausted`).
 
-The single dedup index is one roaring bitmap per ledger; ``len(core)`` is its cardinality. A
-copy of a position that is no longer tracked is skipped when it reaches the head ("dedup on
-pop"), so delivery, due re-adds (Pulsar #26230) and mark-delete only clear bits. Two sets keep
-re-tracking exact: ``stale`` holds positions untracked by a due re-add whose heap node may still
-exist (re-tracking purges that node first), and ``shadow`` holds positions tracked in the direct
-heap while their ledger lies in a sealed range: any segment copy of such a position is obsolete
-and skipped.
+The single dedup index is a ``LedgerIndex``; ``len(core)`` is its size. A copy of a position
+that is no longer tracked is skipped when it reaches the head ("dedup on pop"), so delivery, due
+re-adds (Pulsar #26230) and mark-delete only clear bits. ``stale`` holds positions untracked by a
+due re-add whose heap node may still exist (re-tracking purges that node first, as it does for a
+mark-deleted position), and ``shadow`` holds positions tracked in the direct heap while their
+ledger lies in a sealed range: any segment copy of such a position is obsolete and skipped.
 
-Invariants (``_check``): count == bitmap cardinality (bitmaps emptied by delivery are swept
-lazily); mutable, direct and segment sources hold
-only valid triples; every segment source's cursor is within its arrays; ``heads`` holds exactly
-one live key per segment source, equal to its current head or placeholder; mutable ledgers lie in
-the mutable range.
+Invariants (``_check``): the index's own; mutable, direct and heap sources are valid heaps;
+every array cursor is within its arrays; ``heads`` holds exactly one live key per segment
+source, equal to its head or placeholder; mutable ledgers lie in the mutable range.
 """
 
 from __future__ import annotations

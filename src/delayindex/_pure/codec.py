@@ -277,6 +277,5 @@ def build_segments(
         counts.append(stop - start)
         packed.append(pack_times(seg_t, tl[start], tl[stop - 1] - tl[start]))
         start = stop
-    as64 = lambda v: np.array(v, dtype=np.int64)  # noqa: E731
-    return (t, lg, en, as64(mins), as64(maxs), as64(counts), as64(offsets), as64(seg_ledgers),
-            bitmaps, packed)  # fmt: skip
+    columns = [np.array(c, dtype=np.int64) for c in (mins, maxs, counts, offsets, seg_ledgers)]
+    return (t, lg, en, *columns, bitmaps, packed)

@@ -541,7 +541,7 @@ class DelayIndex:
                 arming.update(self._core.next_time(), now, self._core.tick_ms)
         if self._queued:
             self._submit_queued()
-        return code != 0
+        return bool(code != 0)
 
     def add_many(
         self, ledger_ids: object, entry_ids: object, deliver_ats: object
@@ -910,7 +910,7 @@ class DelayIndex:
             bm = self._core.index_bitmap(ledger_id)
             if bm is None:
                 return out
-            out = bm.copy()
+            out = BitMap(bm)
         if first_entry > 0:
             out.remove_range(0, first_entry)
         if last_entry < MAX_ENTRY_ID:
