@@ -9,8 +9,8 @@ snapshot creation and deletion), a clock, a timer and a background executor:
 * **Seal** (inline, cheap): when ``add`` meets a strictly newer ledger while the mutable bucket
   holds ``min_index_count_per_bucket`` indexes, the core hands back its indexes sorted, and they
   become one in-memory segment source. Cutting, encoding and the I/O run on the executor. When
-  the snapshot is durable, the source is cut down to the bucket's current segment and a
-  *placeholder* (the next segment's min deliver time) stands for the rest. If the create fails
+  the snapshot is durable, the data leaves memory: a *placeholder* (the min deliver time of the
+  segment holding the first undelivered index) stands for it until it comes due. If the create fails
   after its retries, the bucket stays in memory ("memory mode"), deliverable and counted as
   unpersisted.
 * **Load**: ``poll`` stops at a due placeholder; the driver reads that one segment (the only
@@ -86,8 +86,9 @@ class BucketInfo:
 
     ``state`` is ``"creating"`` (snapshot being written), ``"durable"`` (snapshot live in the
     manifest), ``"memory"`` (create failed; held in memory) or ``"merging"`` (durable, being
-    merged). ``loaded_segment`` is the 1-based segment held in memory (0 while the whole bucket
-    is in memory); ``num_messages`` counts the indexes written to the snapshot.
+    merged). ``loaded_segment`` is the 1-based number of the last segment read into memory (0:
+    none yet, or the whole bucket is in memory); ``num_messages`` counts the indexes written to
+    the snapshot.
     """
 
     start_ledger: int
@@ -104,7 +105,7 @@ class _Bucket:
     """Driver-side record of a sealed bucket (the core knows it only as a source id)."""
 
     __slots__ = (
-        "bounds", "current", "end", "exhausted", "maxs", "merging", "mins", "num_messages",
+        "bounds", "current", "end", "exhausted", "merging", "mins", "num_messages",
         "sid", "snapshot_bytes", "snapshot_id", "start", "state",
     )  # fmt: skip
 
@@ -118,8 +119,7 @@ class _Bucket:
         self.num_messages = num_messages
         self.current = 0  # 1-based segment in memory; 0: all of it is in memory
         self.mins: Int64Array = np.empty(0, dtype=np.int64)
-        self.maxs: Int64Array = np.empty(0, dtype=np.int64)
-        self.bounds: list[int] = []  # cumulative index counts per segment
+        self.bounds: Int64Array = np.empty(0, dtype=np.int64)  # cumulative counts per segment
         self.merging = False
         self.exhausted = False
 
@@ -452,9 +452,9 @@ class DelayIndex:
         bucket.snapshot_id = record.snapshot_id
         bucket.snapshot_bytes = record.snapshot_bytes
         bucket.num_messages = record.num_messages
+        # Two int64 per segment is all a bucket keeps of its metadata: the bitmaps stay on disk.
         bucket.mins = np.array(metadata.mins, dtype=np.int64)
-        bucket.maxs = np.array(metadata.maxs, dtype=np.int64)
-        bucket.bounds = np.cumsum(metadata.counts).tolist()
+        bucket.bounds = np.cumsum(metadata.counts)
 
     def _queue(self, job: Callable[[], None]) -> None:
         """Queue a background job; it is submitted once the lock is released."""
@@ -644,19 +644,22 @@ class DelayIndex:
             self._settle(bucket, _segment_lasts(segments))
 
     def _settle(self, bucket: _Bucket, lasts: list[tuple[int, int, int]]) -> None:
-        """A durable bucket whose data is all in memory: keep only its current segment.
+        """A bucket whose snapshot just became durable: drop its data from memory.
 
-        ``lasts`` holds the last index of each segment; the current segment is the first whose
-        last index is not yet consumed.
+        ``lasts`` holds the last index of each segment; the segment holding the first index not
+        yet consumed becomes a placeholder, read back from storage when it comes due.
         """
         core = self._core
         head = core.source_head(bucket.sid) if core.has_source(bucket.sid) else None
         if bucket.exhausted or head is None:
             self._retire(bucket)
             return
+        # Nothing stays in memory: a placeholder (the min deliver time of the segment holding
+        # the head) stands for the rest, and the segment is read back when it comes due. An idle
+        # bucket then costs its bitmaps in the index and 16 bytes per segment.
         k = bisect.bisect_left(lasts, head)  # 0-based segment holding the head
-        core.cut_source(bucket.sid, *lasts[k], bucket.next_time(k + 1))
-        bucket.current = k + 1
+        core.cut_source(bucket.sid, -1, -1, -1, bucket.next_time(k))
+        bucket.current = k
         if self._mark is not None and bucket.end < self._mark[0]:
             self._retire(bucket)
             return
@@ -827,8 +830,8 @@ class DelayIndex:
         bucket = self._buckets[sid]
         started = time.perf_counter()
         first = bucket.current + 1
-        base = bucket.bounds[first - 2] if first > 1 else 0
-        last = bisect.bisect_right(bucket.bounds, base + LOAD_BATCH_INDEXES)
+        base = int(bucket.bounds[first - 2]) if first > 1 else 0
+        last = int(np.searchsorted(bucket.bounds, base + LOAD_BATCH_INDEXES, side="right"))
         last = min(max(last, first), bucket.num_segments)
         try:
             assert bucket.snapshot_id is not None
@@ -1014,7 +1017,7 @@ class DelayIndex:
         with self._lock:
             total = int(self._core.memory_bytes())
             for b in self._buckets.values():
-                total += 200 + b.mins.nbytes + b.maxs.nbytes + 8 * len(b.bounds)
+                total += 200 + b.mins.nbytes + b.bounds.nbytes
             return total
 
     def stats(self) -> dict[str, Any]:
