@@ -1175,11 +1175,11 @@ def test_20086_each_segment_is_loaded_exactly_once(
 ) -> None:
     """Pulsar's stale sentinels caused repeated loads; we read each unloaded segment once."""
     reads: list[tuple[str, int, int]] = []
-    real_get_segments = storage.get_segments
+    real_read = storage.get_segment_arrays
 
     def spy(snapshot_id: str, first: int, last: int) -> Any:
         reads.append((snapshot_id, first, last))
-        return real_get_segments(snapshot_id, first, last)
+        return real_read(snapshot_id, first, last)
 
     index = open_index(storage, clock)
     schedule = seal_ledgers(index, [1, 2], T0 + 1000)
@@ -1187,7 +1187,7 @@ def test_20086_each_segment_is_loaded_exactly_once(
     buckets = index.buckets()
     # Durable buckets keep nothing in memory: every segment is read when it comes due.
     assert [(b.num_segments, b.loaded_segment) for b in buckets] == [(3, 0), (3, 0)]
-    monkeypatch.setattr(storage, "get_segments", spy)
+    monkeypatch.setattr(storage, "get_segment_arrays", spy)
     delivered: Counter[Position] = Counter()
     for at in sorted(set(schedule.values())):
         clock.set(at)

@@ -164,6 +164,22 @@ def test_last_is_clamped_and_first_past_the_end_is_empty(backend: Backend, snap:
     assert backend.storage.get_segments("k", 10**6, 10**6) == []
 
 
+def test_segment_arrays_match_the_segments(backend: Backend, snap: Snapshot) -> None:
+    metadata, segments = snap
+    n = metadata.num_segments
+    backend.storage.create(metadata, segments, "k")
+    for first, last in [(1, n), (2, 2), (3, n + 4), (n + 1, n + 2)]:
+        times, ledgers, entries = backend.storage.get_segment_arrays("k", first, last)
+        expected = list(segments[first - 1 : last])
+        assert times.tolist() == [t for s in expected for t in s.times.tolist()]
+        assert ledgers.tolist() == [x for s in expected for x in s.ledgers.tolist()]
+        assert entries.tolist() == [x for s in expected for x in s.entries.tolist()]
+    with pytest.raises(ValueError, match="bad segment range"):
+        backend.storage.get_segment_arrays("k", 0, 1)
+    with pytest.raises(SnapshotNotFoundError):
+        backend.storage.get_segment_arrays("missing", 1, 1)
+
+
 @pytest.mark.parametrize(("first", "last"), [(0, 1), (-1, 3), (3, 2), (2, 1), (0, 0)])
 def test_bad_ranges(backend: Backend, snap: Snapshot, first: int, last: int) -> None:
     backend.storage.create(*snap, "k")

@@ -41,6 +41,7 @@ from delayindex.pb import snapshot_pb2
 from delayindex.snapshot.format import (
     FORMAT_VERSION,
     MAX_SEGMENT_SPAN,
+    PreparedSegments,
     Segment,
     SnapshotMetadata,
 )
@@ -173,12 +174,9 @@ def encode_entries(metadata: SnapshotMetadata, segments: Sequence[Segment]) -> l
     entries = [
         _frame(0, FLAG_ZSTD, packed_meta) if len(packed_meta) < len(raw) else _frame(0, 0, raw)
     ]
-    if all(s.prepared_for(metadata) is not None for s in segments):
+    if isinstance(segments, PreparedSegments) and segments.metadata is metadata:
         # Built together with this metadata (build_snapshot): consistent by construction.
-        return entries + [
-            _frame(number, 0, s.prepared_for(metadata) or b"")
-            for number, s in enumerate(segments, 1)
-        ]
+        return entries + [_frame(n, 0, packed) for n, packed in enumerate(segments.packed, 1)]
     for number, (meta, segment) in enumerate(zip(metadata.segments, segments, strict=True), 1):
         _check_segment_matches(meta, segment, number)
         by_position = np.lexsort((segment.entries, segment.ledgers))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 import numpy.typing as npt
@@ -221,24 +222,14 @@ class SnapshotMetadata:
 
 
 class Segment:
-    """A loaded segment: int64 arrays sorted by ``(time, ledger, entry)``.
+    """A loaded segment: int64 arrays sorted by ``(time, ledger, entry)``."""
 
-    Segments made by :func:`build_snapshot` also carry their encoded times and the metadata
-    they belong to, so that encoding them does not redo (or re-validate) that work.
-    """
-
-    __slots__ = ("_metadata", "_packed", "entries", "ledgers", "times")
+    __slots__ = ("entries", "ledgers", "times")
 
     def __init__(self, times: Int64Array, ledgers: Int64Array, entries: Int64Array) -> None:
         self.times = times
         self.ledgers = ledgers
         self.entries = entries
-        self._packed: bytes | None = None
-        self._metadata: SnapshotMetadata | None = None
-
-    def prepared_for(self, metadata: SnapshotMetadata) -> bytes | None:
-        """The packed times, if this segment was built together with ``metadata``."""
-        return self._packed if self._metadata is metadata else None
 
     def __len__(self) -> int:
         return len(self.times)
@@ -262,6 +253,73 @@ class Segment:
         return list(
             zip(self.times.tolist(), self.ledgers.tolist(), self.entries.tolist(), strict=True)
         )
+
+
+class PreparedSegments(Sequence[Segment]):
+    """The segments :func:`build_snapshot` made, sharing three sorted arrays.
+
+    A :class:`Segment` is built only on access, so a bucket of thousands of segments costs no
+    Python object per segment (and gives the garbage collector nothing to walk). It also keeps
+    each segment's encoded times and the metadata they belong to, so encoding does not redo or
+    re-validate that work.
+    """
+
+    __slots__ = ("bounds", "entries", "ledgers", "metadata", "packed", "times")
+
+    def __init__(
+        self,
+        times: Int64Array,
+        ledgers: Int64Array,
+        entries: Int64Array,
+        bounds: Int64Array,
+        packed: list[bytes],
+        metadata: SnapshotMetadata,
+    ) -> None:
+        self.times, self.ledgers, self.entries = times, ledgers, entries
+        self.bounds = bounds  # segment i is [bounds[i], bounds[i + 1])
+        self.packed = packed
+        self.metadata = metadata
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    @overload
+    def __getitem__(self, index: int) -> Segment: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Segment]: ...
+    def __getitem__(self, index: int | slice) -> Segment | list[Segment]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("segment index out of range")
+        a, b = int(self.bounds[index]), int(self.bounds[index + 1])
+        return Segment(self.times[a:b], self.ledgers[a:b], self.entries[a:b])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PreparedSegments({len(self)} segments, {len(self.times)} indexes)"
+
+    def segment_of(self, time: int, ledger: int, entry: int) -> int:
+        """The 0-based segment whose last index is the first one ``>= (time, ledger, entry)``
+        (``len(self)`` when there is none)."""
+        ends = self.bounds[1:] - 1
+        last_t = self.times[ends]
+        k = int(np.searchsorted(last_t, time, side="left"))
+        key = (time, ledger, entry)
+        while k < len(ends):
+            i = int(ends[k])
+            if (int(self.times[i]), int(self.ledgers[i]), int(self.entries[i])) >= key:
+                break
+            k += 1
+        return k
 
 
 def _frozen(values: object) -> Int64Array:
@@ -324,7 +382,7 @@ def build_snapshot(
     start_ledger: int | None = None,
     end_ledger: int | None = None,
     validate: bool = True,
-) -> tuple[SnapshotMetadata, list[Segment]]:
+) -> tuple[SnapshotMetadata, PreparedSegments]:
     """Sort the indexes, cut them into segments and describe them.
 
     The work is one native pass (``build_segments``): sorting, the cut, each segment's
@@ -378,12 +436,6 @@ def build_snapshot(
         t, lg, en, max_time_step_ms, max_indexes_per_segment
     )
     metadata = SnapshotMetadata(low, high, mins, maxs, counts, offsets, seg_ledgers, bitmaps)
-    segments: list[Segment] = []
-    stop = 0
-    for count, payload in zip(counts.tolist(), packed, strict=True):
-        start, stop = stop, stop + count
-        segment = Segment(t[start:stop], lg[start:stop], en[start:stop])
-        segment._packed = payload
-        segment._metadata = metadata
-        segments.append(segment)
-    return metadata, segments
+    bounds = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=bounds[1:])
+    return metadata, PreparedSegments(t, lg, en, bounds, packed, metadata)

@@ -40,6 +40,9 @@ from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import NamedTuple, Protocol, Self, TypeVar, runtime_checkable
 
+import numpy as np
+import numpy.typing as npt
+
 from delayindex.errors import (
     ManifestConflictError,
     SnapshotCorruptError,
@@ -48,6 +51,7 @@ from delayindex.errors import (
 from delayindex.snapshot.codec import (
     FIXED_HEADER_BYTES,
     ObjectHeader,
+    SegmentList,
     check_metadata_bitmaps,
     decode_metadata,
     decode_segments,
@@ -77,6 +81,7 @@ OPS: tuple[str, ...] = (
 STAT_FIELDS: tuple[str, ...] = ("calls", "attempts", "failures", "gave_up")
 
 T = TypeVar("T")
+Int64Array = npt.NDArray[np.int64]
 
 
 class ObjectInfo(NamedTuple):
@@ -173,6 +178,14 @@ class SnapshotStorage(Protocol):
             ValueError: ``first < 1`` or ``last < first``.
             SnapshotNotFoundError, SnapshotCorruptError, StorageError.
         """
+        ...
+
+    def get_segment_arrays(
+        self, snapshot_id: str, first: int, last: int
+    ) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """Segments ``first..last`` as three concatenated int64 arrays ``(times, ledgers,
+        entries)``, sorted by ``(time, ledger, entry)``; the same reads, checks, clamping and
+        errors as :meth:`get_segments`, without a Python object per segment."""
         ...
 
     def length(self, snapshot_id: str) -> int:
@@ -456,15 +469,14 @@ class BaseStorage(ABC):
 
         return self._retry("get_metadata", snapshot_id, attempt)
 
-    def get_segments(self, snapshot_id: str, first: int, last: int) -> list[Segment]:
-        """See :meth:`SnapshotStorage.get_segments`."""
+    def _decoded_segments(self, snapshot_id: str, first: int, last: int) -> Sequence[Segment]:
         validate_key(snapshot_id, "snapshot id")
         _check_int(first, "first")
         _check_int(last, "last")
         if first < 1 or last < first:
             raise ValueError(f"bad segment range {first}..{last} (1-based, inclusive)")
 
-        def attempt(_: int) -> list[Segment]:
+        def attempt(_: int) -> Sequence[Segment]:
             with self._raw_source(snapshot_id) as src:
                 header = self._read_header(src)
                 stop = min(last, header.num_segments)
@@ -472,10 +484,31 @@ class BaseStorage(ABC):
                     return []
                 metadata = self._metadata(src, header)
                 entries = self._read_entries(src, header, first, stop)
-            # The codec returns a lazy SegmentList; the protocol promises a plain list.
-            return list(decode_segments(entries, metadata, first, src.where))
+            return decode_segments(entries, metadata, first, src.where)
 
         return self._retry("get_segments", snapshot_id, attempt)
+
+    def get_segments(self, snapshot_id: str, first: int, last: int) -> list[Segment]:
+        """See :meth:`SnapshotStorage.get_segments`."""
+        # The codec returns a lazy SegmentList; the protocol promises a plain list.
+        return list(self._decoded_segments(snapshot_id, first, last))
+
+    def get_segment_arrays(
+        self, snapshot_id: str, first: int, last: int
+    ) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """See :meth:`SnapshotStorage.get_segment_arrays`."""
+        decoded = self._decoded_segments(snapshot_id, first, last)
+        if isinstance(decoded, SegmentList):
+            return decoded.times, decoded.ledgers, decoded.entries
+        empty = np.empty(0, dtype=np.int64)
+        parts = list(decoded)
+        if not parts:
+            return empty, empty.copy(), empty.copy()
+        return (
+            np.concatenate([s.times for s in parts]),
+            np.concatenate([s.ledgers for s in parts]),
+            np.concatenate([s.entries for s in parts]),
+        )
 
     def length(self, snapshot_id: str) -> int:
         """See :meth:`SnapshotStorage.length`."""

@@ -36,7 +36,6 @@ it is released, so an inline executor cannot deadlock.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 import time
@@ -63,7 +62,7 @@ from delayindex.errors import (
     TrackerClosedError,
 )
 from delayindex.model import MAX_ENTRY_ID, MAX_TIME, Position
-from delayindex.snapshot.format import SnapshotMetadata, build_snapshot
+from delayindex.snapshot.format import PreparedSegments, SnapshotMetadata, build_snapshot
 from delayindex.storage.base import SnapshotStorage
 from delayindex.storage.catalog import Catalog
 from delayindex.storage.manifest import BucketRecord
@@ -77,6 +76,11 @@ MAX_MERGE_NUM = 4
 _SEAL_FIRST = 3
 #: A segment load reads consecutive segments until they hold this many indexes.
 LOAD_BATCH_INDEXES = 4096
+#: A merge reads its sources this many segments at a time, and filters this many rows per
+#: lock hold, so that no single step keeps add() waiting for long.
+MERGE_READ_SEGMENTS = 256
+MERGE_FILTER_ROWS = 65_536
+_EMPTY = np.empty(0, dtype=np.int64)
 Int64Array = npt.NDArray[np.int64]
 
 
@@ -190,11 +194,6 @@ def _live_positions(metadata: SnapshotMetadata, first: int, name: str) -> Any:
             f"their counts say {expected}"
         )
     return ledgers, offsets, entries
-
-
-def _segment_lasts(segments: list[Any]) -> list[tuple[int, int, int]]:
-    """The last ``(time, ledger, entry)`` of each segment, in segment order."""
-    return [(int(s.times[-1]), int(s.ledgers[-1]), int(s.entries[-1])) for s in segments]
 
 
 def select_merge_window(
@@ -599,7 +598,7 @@ class DelayIndex:
 
     def _build(
         self, times: Int64Array, ledgers: Int64Array, entries: Int64Array, start: int, end: int
-    ) -> tuple[SnapshotMetadata, list[Any]]:
+    ) -> tuple[SnapshotMetadata, PreparedSegments]:
         return build_snapshot(
             times,
             ledgers,
@@ -641,13 +640,13 @@ class DelayIndex:
                 self._queue(lambda: self._delete_job(record.snapshot_id))
                 return
             self._make_durable(bucket, record, metadata)
-            self._settle(bucket, _segment_lasts(segments))
+            self._settle(bucket, segments)
 
-    def _settle(self, bucket: _Bucket, lasts: list[tuple[int, int, int]]) -> None:
+    def _settle(self, bucket: _Bucket, segments: PreparedSegments) -> None:
         """A bucket whose snapshot just became durable: drop its data from memory.
 
-        ``lasts`` holds the last index of each segment; the segment holding the first index not
-        yet consumed becomes a placeholder, read back from storage when it comes due.
+        The segment holding the first index not yet consumed becomes a placeholder, read back
+        from storage when it comes due.
         """
         core = self._core
         head = core.source_head(bucket.sid) if core.has_source(bucket.sid) else None
@@ -657,7 +656,7 @@ class DelayIndex:
         # Nothing stays in memory: a placeholder (the min deliver time of the segment holding
         # the head) stands for the rest, and the segment is read back when it comes due. An idle
         # bucket then costs its bitmaps in the index and 16 bytes per segment.
-        k = bisect.bisect_left(lasts, head)  # 0-based segment holding the head
+        k = segments.segment_of(*head)  # 0-based segment holding the head
         core.cut_source(bucket.sid, -1, -1, -1, bucket.next_time(k))
         bucket.current = k
         if self._mark is not None and bucket.end < self._mark[0]:
@@ -727,20 +726,24 @@ class DelayIndex:
         started = time.perf_counter()
         record: BucketRecord | None = None
         try:
-            parts = []
+            columns: list[tuple[Int64Array, Int64Array, Int64Array]] = []
             for b in sources:
                 assert b.snapshot_id is not None
-                segments = self._storage.get_segments(b.snapshot_id, 1, b.num_segments)
-                parts.extend(segments)
-            times = np.concatenate([s.times for s in parts])
-            ledgers = np.concatenate([s.ledgers for s in parts])
-            entries = np.concatenate([s.entries for s in parts])
-            with self._lock:
-                keep = self._core.tracked_mask(ledgers, entries)
+                # Read in slices: each decode holds the GIL, and add() must not wait long.
+                for first in range(1, b.num_segments + 1, MERGE_READ_SEGMENTS):
+                    last = min(first + MERGE_READ_SEGMENTS - 1, b.num_segments)
+                    columns.append(self._storage.get_segment_arrays(b.snapshot_id, first, last))
+            times, ledgers, entries = (np.concatenate(c) for c in zip(*columns, strict=True))
+            keep = np.empty(len(times), dtype=np.bool_)
+            for start in range(0, len(times), MERGE_FILTER_ROWS):
+                stop = start + MERGE_FILTER_ROWS
+                with self._lock:  # in slices: the lock is add()'s too
+                    keep[start:stop] = self._core.tracked_mask(
+                        ledgers[start:stop], entries[start:stop]
+                    )
             times, ledgers, entries = times[keep], ledgers[keep], entries[keep]
-            order = np.lexsort((entries, ledgers, times))
-            times, ledgers, entries = times[order], ledgers[order], entries[order]
             if len(times):
+                # build_snapshot sorts (natively, without the GIL).
                 metadata, segments = self._build(
                     times, ledgers, entries, sources[0].start, sources[-1].end
                 )
@@ -776,8 +779,8 @@ class DelayIndex:
             merged = self._new_bucket(record.start_ledger, record.end_ledger, len(times))
             self._core.add_range(merged.start, merged.end)
             self._make_durable(merged, record, metadata)
-            self._core.set_source(merged.sid, times, ledgers, entries, -1)
-            self._settle(merged, _segment_lasts(segments))
+            # Nothing in memory: a placeholder for segment 1, read back when it comes due.
+            self._core.set_source(merged.sid, _EMPTY, _EMPTY, _EMPTY, merged.next_time(0))
 
     # -- delivery -------------------------------------------------------------------------------
 
@@ -835,10 +838,14 @@ class DelayIndex:
         last = min(max(last, first), bucket.num_segments)
         try:
             assert bucket.snapshot_id is not None
-            segments = self._storage.get_segments(bucket.snapshot_id, first, last)
-            if len(segments) != last - first + 1:
+            times, ledgers, entries = self._storage.get_segment_arrays(
+                bucket.snapshot_id, first, last
+            )
+            expected = int(bucket.bounds[last - 1]) - base
+            if len(times) != expected:
                 raise SnapshotCorruptError(
-                    f"{bucket.snapshot_id}: segments {first}..{last} are not all there"
+                    f"{bucket.snapshot_id}: segments {first}..{last} hold {len(times)} "
+                    f"indexes, expected {expected}"
                 )
         except (StorageError, SnapshotCorruptError, SnapshotNotFoundError) as exc:
             self._ops["load"].record(False, started)
@@ -847,13 +854,6 @@ class DelayIndex:
                 f"failed (retried on the next poll): {exc}"
             )
             return False
-        if len(segments) == 1:
-            seg = segments[0]
-            times, ledgers, entries = seg.times, seg.ledgers, seg.entries
-        else:
-            times = np.concatenate([s.times for s in segments])
-            ledgers = np.concatenate([s.ledgers for s in segments])
-            entries = np.concatenate([s.entries for s in segments])
         self._core.set_source(sid, times, ledgers, entries, bucket.next_time(last))
         bucket.current = last
         self._ops["load"].record(True, started)
