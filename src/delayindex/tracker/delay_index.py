@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -295,7 +296,7 @@ class DelayIndex:
         self._mark: tuple[int, int] | None = None
         self._epoch = 0
         self._closed = False
-        self._warnings: list[str] = []
+        self._warnings: deque[str] = deque(maxlen=100)  # newest last; bounded
         self._ops = {k: _OpStats() for k in ("create", "load", "delete", "merge", "recover")}
 
     # -- construction ---------------------------------------------------------------------------
@@ -781,6 +782,7 @@ class DelayIndex:
             self._make_durable(merged, record, metadata)
             # Nothing in memory: a placeholder for segment 1, read back when it comes due.
             self._core.set_source(merged.sid, _EMPTY, _EMPTY, _EMPTY, merged.next_time(0))
+            self._maybe_merge()  # still too many buckets? merges chain until they fit
 
     # -- delivery -------------------------------------------------------------------------------
 
@@ -1037,7 +1039,7 @@ class DelayIndex:
                 unpersisted=self._unpersisted(),
                 memory_bytes=int(self._core.memory_bytes()),
                 ops={k: v.as_dict() for k, v in self._ops.items()},
-                warnings=list(self._warnings[-100:]),
+                warnings=list(self._warnings),
                 storage_problems=self._catalog.problems(),
                 pending_deletes=[
                     i.snapshot_id for i in self._catalog.manifest.intents if i.kind == "delete"
