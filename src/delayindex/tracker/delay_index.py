@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
