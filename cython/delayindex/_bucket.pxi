@@ -194,6 +194,13 @@ cdef class BucketCore:
         at = self.ranges.bisect_right(ledger)
         return bool(at) and self.ranges.peekitem(at - 1)[1] >= ledger
 
+    cdef bint crosses_sealed(self, int64_t ledger) except -1:
+        """Whether a sealed range lies between the mutable bucket's end and ``ledger``."""
+        if self.max_sealed_end <= self.mutable_end:
+            return False
+        at = self.ranges.bisect_right(self.mutable_end)
+        return at < len(self.ranges) and self.ranges.peekitem(at)[0] < ledger
+
     @property
     def mutable_range(self) -> tuple:
         """``(start, end)`` ledgers of the last mutable bucket; ``(-1, -1)`` when reset."""
@@ -293,8 +300,15 @@ cdef class BucketCore:
             return 2
         sealed = ledger <= self.max_sealed_end and self.in_sealed_range(ledger)
         to_mutable = not sealed and ledger >= self.mutable_end
-        if to_mutable and ledger > self.mutable_end and self.mutable.n >= self.min_index_count:
-            return 3
+        if to_mutable and ledger > self.mutable_end:
+            if self.mutable.n >= self.min_index_count:
+                return 3
+            if self.mutable_start >= 0 and self.crosses_sealed(ledger):
+                # A bucket never spans a sealed range (after a reopen, sealed buckets can lie
+                # above the mutable one): seal what there is first, or restart the range.
+                if self.mutable.n:
+                    return 3
+                self.mutable_start = self.mutable_end = -1
         self.n_add_calls += 1
         if (ledger < self.mark_ledger or (ledger == self.mark_ledger and entry <= self.mark_entry)
                 or (self.stale and (ledger, entry) in self.stale)):

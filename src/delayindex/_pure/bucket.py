@@ -188,6 +188,13 @@ class BucketCore:
         at = self._ranges.bisect_right(ledger)
         return bool(at) and self._ranges.peekitem(at - 1)[1] >= ledger
 
+    def _crosses_sealed(self, ledger: int) -> bool:
+        """Whether a sealed range lies between the mutable bucket's end and ``ledger``."""
+        if self._max_sealed_end <= self._mutable_end:
+            return False
+        at = self._ranges.bisect_right(self._mutable_end)
+        return at < len(self._ranges) and self._ranges.peekitem(at)[0] < ledger
+
     @property
     def mutable_range(self) -> tuple[int, int]:
         """``(start, end)`` ledgers of the last mutable bucket; ``(-1, -1)`` when reset."""
@@ -281,8 +288,15 @@ class BucketCore:
             return DUPLICATE
         sealed = self.in_sealed_range(ledger)
         to_mutable = not sealed and ledger >= self._mutable_end
-        if to_mutable and ledger > self._mutable_end and len(self._mutable) >= self.min_index_count:
-            return SEAL_FIRST
+        if to_mutable and ledger > self._mutable_end:
+            if len(self._mutable) >= self.min_index_count:
+                return SEAL_FIRST
+            if self._mutable_start >= 0 and self._crosses_sealed(ledger):
+                # A bucket never spans a sealed range (after a reopen, sealed buckets can lie
+                # above the mutable one): seal what there is first, or restart the range.
+                if self._mutable:
+                    return SEAL_FIRST
+                self._mutable_start = self._mutable_end = -1
         n["add_calls"] += 1
         if (ledger, entry) in self._stale or (ledger, entry) <= self._mark:
             # An old node may remain (a due re-add, or a mark-delete): purge it first.

@@ -672,12 +672,19 @@ class DelayIndex:
         if snapshot_id is not None:
             self._queue(lambda: self._delete_job(snapshot_id))
 
-    def _drop_bucket(self, bucket: _Bucket) -> None:
+    def _drop_bucket(self, bucket: _Bucket, *, keep_range: bool = False) -> None:
         core = self._core
         if self._buckets.pop(bucket.sid, None) is None:
             return
         core.remove_source(bucket.sid)
-        core.remove_range(bucket.start)
+        if not keep_range:
+            core.remove_range(bucket.start)
+
+    def _unregister_merge(self, sources: list[_Bucket]) -> None:
+        """A merge did not happen: the sources get their own ranges back (lock held)."""
+        self._core.remove_range(sources[0].start)
+        for b in sources:
+            self._core.add_range(b.start, b.end)
 
     def _delete_job(self, snapshot_id: str) -> None:
         started = time.perf_counter()
@@ -713,8 +720,16 @@ class DelayIndex:
             return
         first, count = chosen
         sources = ordered[first : first + count]
+        start, end = sources[0].start, sources[-1].end
+        low, high = self._core.mutable_range
+        if low >= 0 and low <= end and high >= start:
+            return  # the mutable bucket lies between them (after a reopen): not these
+        # The merged range covers the gaps between the sources too. Registering it now routes
+        # adds in those gaps to the direct heap, so no other bucket can claim a ledger in it.
         for b in sources:
             b.merging = True
+            self._core.remove_range(b.start)
+        self._core.add_range(start, end)
         self._merge_in_flight = True
         epoch = self._epoch
         self._queue(lambda: self._merge_then_trim(sources, epoch))
@@ -757,6 +772,8 @@ class DelayIndex:
                 self._ops["merge"].record(False, started)
                 self._warnings.append(f"merge of {len(sources)} buckets failed: {exc}")
                 self._merge_in_flight = False
+                if epoch == self._epoch and not self._closed:
+                    self._unregister_merge(sources)
                 for b in sources:
                     b.merging = False
                     if b.exhausted and self._buckets.get(b.sid) is b:
@@ -768,6 +785,8 @@ class DelayIndex:
             for b in sources:
                 b.merging = False
             if record is None:  # nothing tracked any more: the sources just go
+                if epoch == self._epoch and not self._closed:
+                    self._unregister_merge(sources)
                 for b in sources:
                     if self._buckets.get(b.sid) is b:
                         self._retire(b)
@@ -775,10 +794,9 @@ class DelayIndex:
             if self._closed or epoch != self._epoch:
                 self._queue(lambda: self._delete_job(record.snapshot_id))
                 return
-            for b in sources:
-                self._drop_bucket(b)  # the catalog already deleted their snapshots
+            for b in sources:  # the catalog already deleted their snapshots
+                self._drop_bucket(b, keep_range=True)  # the merged range is registered
             merged = self._new_bucket(record.start_ledger, record.end_ledger, len(times))
-            self._core.add_range(merged.start, merged.end)
             self._make_durable(merged, record, metadata)
             # Nothing in memory: a placeholder for segment 1, read back when it comes due.
             self._core.set_source(merged.sid, _EMPTY, _EMPTY, _EMPTY, merged.next_time(0))
