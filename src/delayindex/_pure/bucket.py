@@ -193,7 +193,7 @@ class BucketCore:
         if self._max_sealed_end <= self._mutable_end:
             return False
         at = self._ranges.bisect_right(self._mutable_end)
-        return at < len(self._ranges) and self._ranges.peekitem(at)[0] < ledger
+        return at < len(self._ranges) and int(self._ranges.peekitem(at)[0]) < ledger
 
     @property
     def mutable_range(self) -> tuple[int, int]:
