@@ -276,3 +276,20 @@ def test_bad_utf8_and_bad_json_are_corrupt() -> None:
         crc = struct.pack("<I", mmh3.hash(head + payload, 0x4449584D, signed=False))
         with pytest.raises(SnapshotCorruptError, match="invalid manifest"):
             decode_manifest(head + crc + payload, WHERE)
+
+
+# -- mark-delete position --------------------------------------------------------------------------
+
+
+def test_mark_delete_round_trips_and_is_absent_when_unset() -> None:
+    plain = _rich()
+    assert "mark_delete" not in json.loads(encode_manifest(plain)[14:])
+    marked = replace(plain, mark_delete=(12, 2**32 - 1))
+    assert decode_manifest(encode_manifest(marked), WHERE) == marked
+    assert decode_manifest(encode_manifest(plain), WHERE).mark_delete is None
+
+
+@pytest.mark.parametrize("mark", [[1], [1, 2, 3], "1,2", [-1, 0], [0, 2**32], [0, "x"]])
+def test_bad_mark_delete_is_corrupt(mark: Any) -> None:
+    with pytest.raises(SnapshotCorruptError, match=WHERE):
+        decode_manifest(_frame(_document(mark_delete=mark)), WHERE)

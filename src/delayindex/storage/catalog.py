@@ -159,6 +159,8 @@ class Catalog:
         self._mutex = threading.RLock()
         self._closed = False
         self._problems: deque[str] = deque(maxlen=100)
+        self._mark_dirty = False
+        self._noted_mark: tuple[int, int] | None = manifest.mark_delete
         self.repair_report = RepairReport()
 
     @classmethod
@@ -330,6 +332,27 @@ class Catalog:
             self._hook("delete.intent_committed")
             return self._finish_delete(intent)
 
+    def note_mark_delete(self, mark: tuple[int, int] | None) -> None:
+        """Record the owner's mark-delete position; it is persisted with the next commit (or
+        :meth:`persist_mark_delete`), not at once: acknowledgements are frequent."""
+        with self._mutex:
+            self._check_open()
+            self._noted_mark = mark
+            if mark != self._manifest.mark_delete:
+                self._manifest = replace(self._manifest, mark_delete=mark)
+                self._mark_dirty = True
+
+    def persist_mark_delete(self) -> None:
+        """Commit the manifest if only the mark-delete position changed since the last commit.
+
+        Raises:
+            StorageError, ManifestConflictError: the commit failed (the mark stays pending).
+        """
+        with self._mutex:
+            self._check_open()
+            if self._mark_dirty:
+                self._commit(self._manifest)
+
     def retry_pending_deletes(
         self, *, now_ms: int | None = None, force: bool = False
     ) -> RetryReport:
@@ -410,6 +433,7 @@ class Catalog:
         """Commit ``new``; on failure re-read the manifest to learn whether it landed."""
         try:
             self._manifest = self._storage.commit_manifest(self.name, new)
+            self._mark_dirty = False
             return
         except (StorageError, ManifestConflictError) as exc:
             failure = exc
@@ -417,6 +441,8 @@ class Catalog:
             current = self._storage.read_manifest(self.name)
         except (StorageError, SnapshotCorruptError):
             raise failure from None
+        if self._mark_dirty and current.mark_delete != self._noted_mark:
+            current = replace(current, mark_delete=self._noted_mark)  # still to be persisted
         self._manifest = current
         if current != replace(new, version=new.version + 1):
             raise failure

@@ -151,10 +151,18 @@ class Manifest:
     buckets: tuple[BucketRecord, ...] = ()
     intents: tuple[Intent, ...] = ()
     dead_letters: tuple[Intent, ...] = ()
+    #: The owner's last acknowledged position ``(ledger, entry)``, persisted with its commits;
+    #: positions at or below it are never delivered again, even after a reopen.
+    mark_delete: tuple[int, int] | None = None
     _live: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate_key(self.name, "manifest name")
+        if self.mark_delete is not None:
+            if not isinstance(self.mark_delete, tuple) or len(self.mark_delete) != 2:
+                raise TypeError("mark_delete must be a (ledger_id, entry_id) tuple or None")
+            _check_int(self.mark_delete[0], "mark_delete ledger_id")
+            _check_int(self.mark_delete[1], "mark_delete entry_id", 0, 2**32 - 1)
         _check_int(self.version, "version", 0)
         for what, items, cls in (
             ("buckets", self.buckets, BucketRecord),
@@ -297,6 +305,8 @@ def encode_manifest(manifest: Manifest) -> bytes:
         "intents": [_intent_json(i) for i in manifest.intents],
         "dead_letters": [_intent_json(d) for d in manifest.dead_letters],
     }
+    if manifest.mark_delete is not None:  # absent otherwise: older manifests stay byte-identical
+        document["mark_delete"] = list(manifest.mark_delete)
     payload = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
     head = _HEAD.pack(MANIFEST_MAGIC, MANIFEST_FORMAT, len(payload))
     return head + _CRC.pack(mmh3.hash(head + payload, CHECKSUM_SEED, signed=False)) + payload
@@ -365,7 +375,14 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
     if mmh3.hash(data[: _HEAD.size] + payload, CHECKSUM_SEED, signed=False) != stored:
         raise SnapshotCorruptError(f"{where}: manifest checksum mismatch")
     try:
-        f = _fields(json.loads(payload), _MANIFEST_KEYS, "manifest")
+        document = json.loads(payload)
+        mark = None
+        if isinstance(document, dict) and "mark_delete" in document:
+            document = dict(document)
+            mark = _list(document.pop("mark_delete"), "mark_delete")
+            if len(mark) != 2:
+                raise ValueError("mark_delete must be [ledger_id, entry_id]")
+        f = _fields(document, _MANIFEST_KEYS, "manifest")
         buckets = []
         for obj in _list(f["buckets"], "buckets"):
             r = _fields(obj, _RECORD_KEYS, "bucket")
@@ -385,6 +402,7 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
             buckets=tuple(buckets),
             intents=tuple(_intent_from(i) for i in _list(f["intents"], "intents")),
             dead_letters=tuple(_intent_from(d) for d in _list(f["dead_letters"], "dead_letters")),
+            mark_delete=None if mark is None else (mark[0], mark[1]),
         )
     except (ValueError, TypeError) as exc:  # json.JSONDecodeError and UnicodeDecodeError included
         raise SnapshotCorruptError(f"{where}: invalid manifest: {exc}") from None

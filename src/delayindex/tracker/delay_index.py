@@ -426,6 +426,13 @@ class DelayIndex:
             )  # fmt: skip
         for snapshot_id in drop:
             self._queue(lambda s=snapshot_id: self._delete_job(s))  # type: ignore[misc]
+        mark = self._catalog.manifest.mark_delete
+        if mark is not None:  # acknowledged before the restart: never delivered again
+            self._mark = mark
+            core.untrack_upto(*mark)
+            for bucket in list(self._buckets.values()):
+                if bucket.end < mark[0]:
+                    self._retire(bucket)
         self._ops["recover"].record(True, started)
 
     # -- small helpers --------------------------------------------------------------------------
@@ -947,7 +954,10 @@ class DelayIndex:
 
         Their indexes are untracked and never delivered; sealed buckets wholly below
         ``ledger_id`` whose snapshot is durable are deleted (a bucket straddling the ledger is
-        kept). The mark only moves forward; an older mark is ignored.
+        kept). The mark only moves forward; an older mark is ignored. It is persisted in the
+        manifest with the next commit (a seal, merge or delete) and by :meth:`close`, so a
+        reopen does not bring acknowledged positions back; after a crash, re-apply the cursor's
+        durable mark-delete position once the index is open.
         """
         _diagnose(ledger_id=ledger_id, entry_id=entry_id)
         with self._lock:
@@ -956,6 +966,7 @@ class DelayIndex:
             if self._mark is not None and mark <= self._mark:
                 return
             self._mark = mark
+            self._catalog.note_mark_delete(mark)  # persisted with the next manifest commit
             self._core.untrack_upto(ledger_id, entry_id)
             for bucket in list(self._buckets.values()):
                 if bucket.end < ledger_id and not bucket.merging:
@@ -1085,6 +1096,7 @@ class DelayIndex:
             self._buckets.clear()
             self._merge_in_flight = False
             self._mark = None
+            self._catalog.note_mark_delete(None)
             if self._arming is not None:
                 self._arming.cancel()
             live = [b.snapshot_id for b in self._catalog.buckets()]
@@ -1115,6 +1127,10 @@ class DelayIndex:
             if self._arming is not None:
                 self._arming.cancel()
         self._shutdown_executor()
+        try:
+            self._catalog.persist_mark_delete()
+        except (StorageError, ManifestConflictError) as exc:
+            _log.warning("%s: the mark-delete position was not persisted: %s", self._name, exc)
         with self._lock:
             self._core.clear()
             self._core = _ClosedCore(self._core)
