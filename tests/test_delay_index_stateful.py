@@ -8,26 +8,30 @@ failures, and it closes and reopens the index the way a restarting dispatcher wo
 The model is a dict ``cand``: every position the index must be tracking -> the deliver times it
 may carry. Until the first reopen each set is a singleton and the model is exact; an
 :class:`~delayindex.InMemoryTracker` then runs in lockstep as a second oracle (its ``poll`` of as
-many messages as the index returned must return the very same positions). A reopen recovers
-the sealed durable buckets from storage, *including* positions already delivered or acked since
-their snapshot was written (at-least-once): the model learns the recovered set from the index
-itself and checks it (every recovered position comes from a stored snapshot, with one of the
-deliver times stored for it there; every position tracked at close with a not-yet-due copy in
-a durable snapshot is recovered). The dispatcher's replay follows: re-apply the mark-delete
-position (its cursor is durable; the index's mark is not), then re-add every position the
-dispatcher still owes, in position order. Recovered positions nobody owes ("ghosts") may be
+many messages as the index returned must return the very same positions), and it is rebuilt
+whenever the model is exact again. A reopen recovers the sealed durable buckets from storage,
+*including* positions delivered since their snapshot was written (at-least-once): the model
+learns the recovered set from the index itself and checks it (every recovered position comes
+from a stored snapshot, with one of the deliver times stored for it there; every position
+tracked at close with a not-yet-due copy in a durable snapshot is recovered; nothing at or below
+the mark-delete position, which must survive the reopen unless its manifest commit on close
+could fail). The dispatcher's replay follows: maybe re-apply its cursor's mark, then re-add every
+position it still owes, in position order. Recovered positions nobody owes ("ghosts") may be
 delivered once more; nothing may be delivered twice between reopens, since a delivery removes
-the position from the model.
+the position from the model. The dispatcher never adds a position at or below its mark.
 
-Checked after every step: ``_check()``, ``len``, ``contains`` and ``tracked_entries`` against
-the model (exact, also after reopens); ``next_delivery_time`` is never later than a tracked
-position's deliver time; ``has_message_available`` when something is surely due. Every poll:
-nothing delivered that is untracked or not yet due, at most ``n``, sorted, selected in
-``(deliver_at, ledger, entry)`` order, and nothing surely due left behind when fewer than ``n``
-came back, unless a segment load could fail. Teardown drains everything far in the future:
-every tracked position is delivered, nothing is lost.
+Checked after every step: ``_check()``, ``len``, ``contains``, ``tracked_entries`` and
+``mark_delete`` against the model (exact, also after reopens); ``next_delivery_time`` is never
+later than a tracked position's deliver time; ``has_message_available`` when something is surely
+due; every stored object is referenced by the manifest and every live bucket's object exists
+(two-phase creates and deletes, whatever failed). Every poll: nothing delivered that is
+untracked or not yet due, at most ``n``, sorted, selected in ``(deliver_at, ledger, entry)``
+order, and nothing surely due left behind when fewer than ``n`` came back, unless a segment
+load could fail. Teardown drains everything far in the future: every tracked position is
+delivered, nothing is lost.
 
-The plain tests at the end are minimal deterministic repros of library bugs this machine found.
+The plain tests at the end are minimal deterministic repros of two library bugs this test found
+(a seal across a recovered bucket's range; the mark-delete position lost on reopen).
 """
 
 from __future__ import annotations
@@ -145,7 +149,11 @@ class DelayIndexMachine(RuleBasedStateMachine):
         self.owed: dict[Pos, int] = {}
         #: Every position ever tracked (what ``contains`` is checked on).
         self.seen: set[Pos] = set()
+        #: The index's mark-delete position, and the dispatcher's (its cursor's): they differ
+        #: only after a reopen that lost a mark the index could not persist.
         self.mark: Pos | None = None
+        self.acked: Pos | None = None
+        self.marks: set[Pos] = set()
         self.ledger = 0
         self.tick = tick
         self.ops: dict[str, int] = {}
@@ -176,9 +184,9 @@ class DelayIndexMachine(RuleBasedStateMachine):
     def next_position(self, step: int, entry: int) -> Pos:
         ledger = max(0, self.ledger + step)
         self.ledger = max(self.ledger, ledger)
-        if self.mark is not None and (ledger, entry) <= self.mark:
+        if self.acked is not None and (ledger, entry) <= self.acked:
             # A dispatcher never reads an acknowledged position again: move past the mark.
-            ledger = self.ledger = max(self.ledger, self.mark[0] + 1)
+            ledger = self.ledger = max(self.ledger, self.acked[0] + 1)
         return ledger, entry
 
     def deliver_at(self, offset: int | None) -> int:
@@ -248,7 +256,7 @@ class DelayIndexMachine(RuleBasedStateMachine):
     def poll_index(self, n: int) -> list[tuple[int, int]]:
         assert self.index is not None
         load_may_fail = self.storage.pending_failures("get_segments") >= MAX_ATTEMPTS
-        got = [tuple(p) for p in self.index.poll(n)]
+        got = [(p.ledger_id, p.entry_id) for p in self.index.poll(n)]
         if load_may_fail and self.storage.pending_failures("get_segments") < MAX_ATTEMPTS:
             event("poll: a segment load may have failed")
         self.check_delivery(got, n, load_may_fail)
@@ -280,6 +288,22 @@ class DelayIndexMachine(RuleBasedStateMachine):
         expected = [self.model_add((lg, e), t) for lg, e, t in rows]
         assert got == expected, f"add_many({rows}) = {got}"
 
+    @rule(pick=st.integers(0, 2**16), offset=offsets)
+    @guarded
+    def readd(self, pick: int, offset: int | None) -> None:
+        """Add a position seen before again: a duplicate, a due re-add, or a re-track."""
+        assert self.index is not None
+        known = sorted(p for p in self.seen if self.acked is None or p > self.acked)
+        if not known:
+            return
+        ledger, entry = known[pick % len(known)]
+        deliver_at = self.deliver_at(offset)
+        got = self.index.add(ledger, entry, deliver_at)
+        if self.oracle is not None:
+            assert self.oracle.add(ledger, entry, deliver_at) is got
+        expected = self.model_add((ledger, entry), deliver_at)
+        assert got is expected, f"add({ledger}, {entry}, {deliver_at}) = {got}"
+
     @rule(count=st.integers(1, 8), offset=st.integers(1, 40), spread=st.integers(0, 10))
     @guarded
     def produce(self, count: int, offset: int, spread: int) -> None:
@@ -309,6 +333,11 @@ class DelayIndexMachine(RuleBasedStateMachine):
         assert self.index is not None
         mark = (max(0, self.ledger - back), entry)
         self.index.set_mark_delete(*mark)
+        self.acked = mark if self.acked is None else max(self.acked, mark)
+        self.marks.add(mark)
+        self.model_mark(mark)
+
+    def model_mark(self, mark: Pos) -> None:
         if self.mark is not None and mark <= self.mark:
             return  # the mark only moves forward
         self.mark = mark
@@ -335,7 +364,7 @@ class DelayIndexMachine(RuleBasedStateMachine):
         self.index.clear()
         self.cand.clear()
         self.owed.clear()
-        self.mark = None
+        self.mark = self.acked = None
         if self.oracle is not None:
             self.oracle.clear()
 
@@ -348,9 +377,9 @@ class DelayIndexMachine(RuleBasedStateMachine):
     def inject_failure(self, op: str, times: int, after: bool) -> None:
         self.storage.inject_failure(op, times=times, after=after)
 
-    @rule()
+    @rule(reapply_mark=st.booleans())
     @guarded
-    def reopen(self) -> None:
+    def reopen(self, reapply_mark: bool) -> None:
         """Close, reopen (retrying while injected failures break recovery), replay."""
         index = self.index
         assert index is not None
@@ -360,6 +389,8 @@ class DelayIndexMachine(RuleBasedStateMachine):
         assert all(d is not None for d in durable)
         at_close = set(self.cand)
         self.note_stats(index)
+        # Close persists the mark unless its manifest commit fails (then it is only logged).
+        mark_persists = self.storage.pending_failures("manifest") < MAX_ATTEMPTS
         index.close()
         self.index = None
         assert index.closed and len(index) == 0
@@ -380,9 +411,16 @@ class DelayIndexMachine(RuleBasedStateMachine):
         else:
             raise AssertionError("recovery kept failing")
         self.index = index
+        mark = None if index.mark_delete is None else tuple(index.mark_delete)
+        if mark_persists:
+            assert mark == self.mark, f"mark-delete {self.mark} came back as {mark}"
+        else:  # maybe an older one: acknowledged positions may come back (at-least-once)
+            assert mark is None or mark in self.marks, f"mark-delete {mark} was never set"
+        self.mark = mark
         # What was recovered: only positions stored in snapshots, with a stored deliver time.
         recovered = {pos for pos in self.seen if index.contains(*pos)}
         assert len(index) == len(recovered), "recovered positions never added"
+        assert mark is None or all(p > mark for p in recovered), "acknowledged, recovered"
         for pos in recovered:
             assert pos in stored, f"{pos} recovered but in no stored snapshot"
         # Nothing durable and undelivered is lost: a not-yet-due copy in a durable snapshot.
@@ -392,10 +430,10 @@ class DelayIndexMachine(RuleBasedStateMachine):
         self.cand = {pos: set(stored[pos]) for pos in recovered}
         event(f"reopen: recovered positions nobody owes: {bool(recovered - set(self.owed))}")
         self.oracle = None
-        # The dispatcher's replay: its durable mark, then every position it owes, in order.
-        if self.mark is not None:
-            index.set_mark_delete(*self.mark)
-            self.cand = {p: t for p, t in self.cand.items() if p > self.mark}
+        # The dispatcher's replay: maybe its cursor's mark, then every position it owes.
+        if reapply_mark and self.acked is not None:
+            index.set_mark_delete(*self.acked)
+            self.model_mark(self.acked)
         assert len(index) == len(self.cand)
         for (ledger, entry), deliver_at in sorted(self.owed.items()):
             got = index.add(ledger, entry, deliver_at)
@@ -413,6 +451,7 @@ class DelayIndexMachine(RuleBasedStateMachine):
             return
         index.flush()
         index._check()
+        assert index.mark_delete == self.mark
         assert len(index) == len(self.cand)
         for pos in self.seen:
             assert index.contains(*pos) == (pos in self.cand), f"contains{pos}"
