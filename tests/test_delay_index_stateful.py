@@ -30,8 +30,9 @@ order, and nothing surely due left behind when fewer than ``n`` came back, unles
 load could fail. Teardown drains everything far in the future: every tracked position is
 delivered, nothing is lost.
 
-The plain tests at the end are minimal deterministic repros of two library bugs this test found
-(a seal across a recovered bucket's range; the mark-delete position lost on reopen).
+The plain tests at the end are minimal deterministic repros of library bugs this test found: a
+seal across a recovered bucket's range; the mark-delete position lost on reopen; and lost again
+when a manifest commit's outcome was unknown (acknowledgement and read-back both failed).
 """
 
 from __future__ import annotations
@@ -575,4 +576,34 @@ def test_acknowledged_positions_are_not_delivered_after_reopen() -> None:
     with open_index() as index:
         clock.set(due)
         assert not index.contains(1, 0)
+        assert (1, 0) not in index.poll(100)
+
+
+def test_mark_delete_persists_after_a_commit_whose_outcome_was_lost() -> None:
+    """A manifest commit lands but its acknowledgement is lost, and so is the read checking it.
+
+    The seal's snapshot may stay in memory (a failed create), but once storage is healthy again
+    the index must persist its mark-delete position on close: a reopen must not bring the
+    acknowledged position back.
+    """
+    clock = ManualClock(T0)
+    storage = MemoryStorage()
+    config = TrackerConfig(min_index_count_per_bucket=2, max_num_buckets=0)
+    due = T0 + 10_000
+
+    def open_index() -> DelayIndex:
+        return DelayIndex.open(storage, NAME, config, clock=clock, executor=InlineExecutor())
+
+    with open_index() as index:
+        for ledger, entry in [(1, 0), (1, 1), (2, 0)]:  # (2, 0) seals [1, 1]
+            assert index.add(ledger, entry, due)
+        storage.inject_failure("manifest", times=MAX_ATTEMPTS, after=True)  # lands, no ack
+        storage.inject_failure("manifest", times=MAX_ATTEMPTS)  # the read-back fails too
+        for ledger, entry in [(2, 1), (3, 0)]:  # (3, 0) seals [2, 2]: its create fails
+            assert index.add(ledger, entry, due)
+        assert storage.pending_failures("manifest") == 0
+        index.set_mark_delete(1, 0)  # [1, 1] straddles the mark: kept
+    with open_index() as index:
+        assert index.mark_delete == (1, 0)
+        clock.set(due)
         assert (1, 0) not in index.poll(100)

@@ -350,8 +350,16 @@ class Catalog:
         """
         with self._mutex:
             self._check_open()
-            if self._mark_dirty:
-                self._commit(self._manifest)
+            if not self._mark_dirty:
+                return
+            # Base the commit on what is stored: a commit whose outcome was unknown may have
+            # landed, and this catalog (holding the name's lock) is the only writer.
+            stored = self._storage.read_manifest(self.name)
+            self._manifest = stored
+            if stored.mark_delete == self._noted_mark:
+                self._mark_dirty = False
+                return
+            self._commit(replace(stored, mark_delete=self._noted_mark))
 
     def retry_pending_deletes(
         self, *, now_ms: int | None = None, force: bool = False
