@@ -43,6 +43,7 @@ from delayindex.snapshot.format import (
     MAX_SEGMENT_SPAN,
     PreparedSegments,
     Segment,
+    SegmentList,
     SnapshotMetadata,
 )
 
@@ -367,45 +368,6 @@ def check_metadata_bitmaps(metadata: SnapshotMetadata, name: str) -> None:
         _check_bitmaps(metadata)
     except ValueError as exc:
         raise SnapshotCorruptError(f"{name}: inconsistent metadata: {exc}") from None
-
-
-class SegmentList(Sequence[Segment]):
-    """Decoded segments sharing three concatenated arrays; a Segment is built on access."""
-
-    __slots__ = ("_bounds", "entries", "ledgers", "times")
-
-    def __init__(
-        self, times: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, offsets: np.ndarray
-    ) -> None:
-        self.times, self.ledgers, self.entries = times, ledgers, entries
-        self._bounds = offsets.tolist()
-
-    def __len__(self) -> int:
-        return len(self._bounds) - 1
-
-    @overload
-    def __getitem__(self, index: int) -> Segment: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Segment]: ...
-    def __getitem__(self, index: int | slice) -> Segment | list[Segment]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError("segment index out of range")
-        a, b = self._bounds[index], self._bounds[index + 1]
-        return Segment(self.times[a:b], self.ledgers[a:b], self.entries[a:b])
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"SegmentList({len(self)} segments, {len(self.times)} indexes)"
 
 
 def decode_segment_buffer(

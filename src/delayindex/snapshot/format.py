@@ -255,30 +255,18 @@ class Segment:
         )
 
 
-class PreparedSegments(Sequence[Segment]):
-    """The segments :func:`build_snapshot` made, sharing three sorted arrays.
+class SegmentList(Sequence[Segment]):
+    """Segments sharing three concatenated sorted arrays; a :class:`Segment` is built only on
+    access, so thousands of segments cost no Python object each (and give the garbage collector
+    nothing to walk). Segment ``i`` is rows ``[bounds[i], bounds[i + 1])``."""
 
-    A :class:`Segment` is built only on access, so a bucket of thousands of segments costs no
-    Python object per segment (and gives the garbage collector nothing to walk). It also keeps
-    each segment's encoded times and the metadata they belong to, so encoding does not redo or
-    re-validate that work.
-    """
-
-    __slots__ = ("bounds", "entries", "ledgers", "metadata", "packed", "times")
+    __slots__ = ("bounds", "entries", "ledgers", "times")
 
     def __init__(
-        self,
-        times: Int64Array,
-        ledgers: Int64Array,
-        entries: Int64Array,
-        bounds: Int64Array,
-        packed: list[bytes],
-        metadata: SnapshotMetadata,
+        self, times: Int64Array, ledgers: Int64Array, entries: Int64Array, bounds: Int64Array
     ) -> None:
         self.times, self.ledgers, self.entries = times, ledgers, entries
-        self.bounds = bounds  # segment i is [bounds[i], bounds[i + 1])
-        self.packed = packed
-        self.metadata = metadata
+        self.bounds = np.asarray(bounds, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.bounds) - 1
@@ -305,14 +293,33 @@ class PreparedSegments(Sequence[Segment]):
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"PreparedSegments({len(self)} segments, {len(self.times)} indexes)"
+        return f"{type(self).__name__}({len(self)} segments, {len(self.times)} indexes)"
+
+
+class PreparedSegments(SegmentList):
+    """The segments :func:`build_snapshot` made, with each one's encoded times and the metadata
+    they belong to, so that encoding does not redo or re-validate that work."""
+
+    __slots__ = ("metadata", "packed")
+
+    def __init__(
+        self,
+        times: Int64Array,
+        ledgers: Int64Array,
+        entries: Int64Array,
+        bounds: Int64Array,
+        packed: list[bytes],
+        metadata: SnapshotMetadata,
+    ) -> None:
+        super().__init__(times, ledgers, entries, bounds)
+        self.packed = packed
+        self.metadata = metadata
 
     def segment_of(self, time: int, ledger: int, entry: int) -> int:
         """The 0-based segment whose last index is the first one ``>= (time, ledger, entry)``
         (``len(self)`` when there is none)."""
         ends = self.bounds[1:] - 1
-        last_t = self.times[ends]
-        k = int(np.searchsorted(last_t, time, side="left"))
+        k = int(np.searchsorted(self.times[ends], time, side="left"))
         key = (time, ledger, entry)
         while k < len(ends):
             i = int(ends[k])

@@ -68,7 +68,7 @@ from delayindex.storage.base import SnapshotStorage
 from delayindex.storage.catalog import Catalog
 from delayindex.storage.manifest import BucketRecord
 from delayindex.timers import ArmingRule, Timer
-from delayindex.tracker.in_memory import _diagnose, as_int64_array
+from delayindex.tracker.in_memory import _ClosedCore, _diagnose, as_int64_array
 
 _log = logging.getLogger(__name__)
 _DEFAULT_CONFIG = TrackerConfig()
@@ -1184,46 +1184,6 @@ class DelayIndex:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"tracked={len(self)} buckets={len(self._buckets)}"
         return f"<DelayIndex {self._name!r} {state}>"
-
-
-class _ClosedCore:
-    """Stands in for the core after close: queries see an empty index, changes raise."""
-
-    def __init__(self, old: Any) -> None:
-        self.tick_ms = old.tick_ms
-        self._counters = old.counters()
-
-    def _closed(self, *args: object) -> Any:
-        raise TrackerClosedError("the DelayIndex is closed")
-
-    add = add_many = poll = _closed
-
-    def __len__(self) -> int:
-        return 0
-
-    def next_time(self) -> None:
-        return None
-
-    def has_due(self, now: int) -> bool:
-        return False
-
-    def should_pause(self, now: int) -> bool:
-        return False
-
-    def contains(self, ledger: int, entry: int) -> bool:
-        return False
-
-    def index_bitmap(self, ledger: int) -> None:
-        return None
-
-    def memory_bytes(self) -> int:
-        return 0
-
-    def counters(self) -> dict[str, Any]:
-        return dict(self._counters)
-
-    def _check(self) -> None:
-        pass
 
 
 _OPEN_TOKEN = object()

@@ -290,7 +290,8 @@ class InMemoryTracker:
 
 
 class _ClosedCore:
-    """Stands in for the core after close: queries see an empty tracker, changes raise."""
+    """Stands in for a core after close (either tracker's): queries see an empty tracker,
+    changes raise TrackerClosedError."""
 
     def __init__(self, old: Any) -> None:
         self.tick_ms = old.tick_ms
@@ -322,8 +323,14 @@ class _ClosedCore:
     def memory_bytes(self) -> int:
         return 0
 
+    def index_bitmap(self, ledger: int) -> None:
+        return None
+
     def counters(self) -> dict[str, Any]:
         return dict(self._counters)
+
+    def _check(self) -> None:
+        pass
 
 
 # -- argument checking (kept off the hot path: called only once a fast call has failed) ---------
