@@ -51,7 +51,6 @@ from delayindex.errors import (
 from delayindex.snapshot.codec import (
     FIXED_HEADER_BYTES,
     ObjectHeader,
-    SegmentList,
     check_metadata_bitmaps,
     decode_metadata,
     decode_segments,
@@ -59,7 +58,7 @@ from delayindex.snapshot.codec import (
     header_bytes_needed,
     read_header,
 )
-from delayindex.snapshot.format import Segment, SnapshotMetadata
+from delayindex.snapshot.format import Segment, SegmentList, SnapshotMetadata
 from delayindex.storage.manifest import Manifest, decode_manifest, encode_manifest, validate_key
 
 #: Attempts per I/O operation, first try included (Pulsar: 1 + 3 retries, no backoff).
