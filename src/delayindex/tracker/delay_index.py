@@ -432,7 +432,7 @@ class DelayIndex:
             core.untrack_upto(*mark)
             for bucket in list(self._buckets.values()):
                 if bucket.end < mark[0]:
-                    self._retire(bucket)
+                    self._trim(bucket)
         self._ops["recover"].record(True, started)
 
     # -- small helpers --------------------------------------------------------------------------
@@ -668,9 +668,19 @@ class DelayIndex:
         core.cut_source(bucket.sid, -1, -1, -1, bucket.next_time(k))
         bucket.current = k
         if self._mark is not None and bucket.end < self._mark[0]:
-            self._retire(bucket)
+            self._trim(bucket)
             return
         self._maybe_merge()
+
+    def _trim(self, bucket: _Bucket) -> None:
+        """Delete a bucket wholly below the mark-delete ledger (lock held). Everything in its
+        ledgers is acknowledged, including positions added after the mark (a rewound cursor),
+        so they are untracked too: nothing stays counted that can no longer be delivered."""
+        self._core.untrack_ledgers(bucket.start, bucket.end)
+        if bucket.state == "memory":
+            self._drop_bucket(bucket)
+        else:
+            self._retire(bucket)
 
     def _retire(self, bucket: _Bucket) -> None:
         """Drop a durable bucket from memory and queue its two-phase delete (lock held)."""
@@ -781,9 +791,14 @@ class DelayIndex:
                 self._merge_in_flight = False
                 if epoch == self._epoch and not self._closed:
                     self._unregister_merge(sources)
+                mark = self._mark
                 for b in sources:
                     b.merging = False
-                    if b.exhausted and self._buckets.get(b.sid) is b:
+                    if self._buckets.get(b.sid) is not b:
+                        continue
+                    if mark is not None and b.end < mark[0]:
+                        self._trim(b)  # acknowledged while the merge ran
+                    elif b.exhausted:
                         self._retire(b)
             return
         with self._lock:
@@ -807,6 +822,8 @@ class DelayIndex:
             self._make_durable(merged, record, metadata)
             # Nothing in memory: a placeholder for segment 1, read back when it comes due.
             self._core.set_source(merged.sid, _EMPTY, _EMPTY, _EMPTY, merged.next_time(0))
+            if self._mark is not None and merged.end < self._mark[0]:
+                self._trim(merged)  # acknowledged while it was being merged
             self._maybe_merge()  # still too many buckets? merges chain until they fit
 
     # -- delivery -------------------------------------------------------------------------------
@@ -969,11 +986,8 @@ class DelayIndex:
             self._catalog.note_mark_delete(mark)  # persisted with the next manifest commit
             self._core.untrack_upto(ledger_id, entry_id)
             for bucket in list(self._buckets.values()):
-                if bucket.end < ledger_id and not bucket.merging:
-                    if bucket.state == "durable":
-                        self._retire(bucket)
-                    elif bucket.state == "memory":
-                        self._drop_bucket(bucket)
+                if bucket.end < ledger_id and not bucket.merging and bucket.state != "creating":
+                    self._trim(bucket)
         if self._queued:
             self._submit_queued()
 
