@@ -293,6 +293,7 @@ class DelayIndex:
         self._inflight: set[Future[None]] = set()
         self._inflight_lock = threading.Lock()
         self._merge_in_flight = False
+        self._retry_queued = False
         self._mark: tuple[int, int] | None = None
         self._epoch = 0
         self._closed = False
@@ -718,6 +719,34 @@ class DelayIndex:
         with self._lock:
             self._ops["delete"].record(done, started)
 
+    def _maybe_retry_deletes(self, now: int) -> None:
+        """Queue a retry of the failed deletes whose backoff has run out (lock held).
+
+        Driven by the index's clock: deletes that failed wait ``delete_retry_delay_ms`` (doubling
+        per failure) and move to the dead letters after ``max_delete_attempts``.
+        """
+        if self._retry_queued:
+            return
+        due = [i.next_attempt_ms for i in self._catalog.manifest.intents if i.kind == "delete"]
+        if not due or min(due) > now:
+            return
+        self._retry_queued = True
+        self._queue(lambda: self._retry_deletes_job(now))
+
+    def _retry_deletes_job(self, now: int) -> None:
+        started = time.perf_counter()
+        try:
+            report = self._catalog.retry_pending_deletes(now_ms=now)
+        finally:
+            with self._lock:
+                self._retry_queued = False
+        with self._lock:
+            for _ in report.completed:
+                self._ops["delete"].record(True, started)
+            for snapshot_id in (*report.failed, *report.dead_lettered):
+                self._ops["delete"].record(False, started)
+                self._warnings.append(f"delete of {snapshot_id!r} failed again")
+
     def _maybe_merge(self) -> None:
         """Start a merge if there are too many sealed buckets (lock held)."""
         limit = self._config.max_num_buckets
@@ -859,6 +888,8 @@ class DelayIndex:
                 extra.extend(self._core.poll(want - len(out) - len(extra), now))
             for sid in self._core.take_exhausted():
                 self._exhaust(sid)
+            if self._catalog.manifest.intents:
+                self._maybe_retry_deletes(now)
             self._rearm(now)
         if self._queued:
             self._submit_queued()
@@ -1080,6 +1111,8 @@ class DelayIndex:
                 merge_in_flight=self._merge_in_flight,
                 snapshot_bytes=sum(b.snapshot_bytes for b in self._buckets.values()),
                 unpersisted=self._unpersisted(),
+                blocked_on_persistence=self._config.pause_on_unpersisted
+                and self._unpersisted() > self._config.max_unpersisted_indexes,
                 memory_bytes=int(self._core.memory_bytes()),
                 ops={k: v.as_dict() for k, v in self._ops.items()},
                 warnings=list(self._warnings),
