@@ -6,32 +6,37 @@ one *segment source* per sealed bucket, merged by a small heap of heads. This mo
 driver that joins the core to a :class:`~delayindex.storage.catalog.Catalog` (two-phase
 snapshot creation and deletion), a clock, a timer and a background executor:
 
-* **Seal** (inline, cheap): when ``add`` meets a strictly newer ledger while the mutable bucket
-  holds ``min_index_count_per_bucket`` indexes, the core hands back its indexes sorted, and they
-  become one in-memory segment source. Cutting, encoding and the I/O run on the executor. When
+* **Seal** (inline, O(1)): when ``add`` meets a strictly newer ledger while the mutable bucket
+  holds ``min_index_count_per_bucket`` indexes (or would span a sealed range), the mutable heap
+  itself becomes the sealed bucket's source and an unsorted copy of its indexes goes to the
+  executor, which sorts, cuts, encodes (``build_segments``, without the GIL) and writes. When
   the snapshot is durable, the data leaves memory: a *placeholder* (the min deliver time of the
-  segment holding the first undelivered index) stands for it until it comes due. If the create fails
-  after its retries, the bucket stays in memory ("memory mode"), deliverable and counted as
-  unpersisted.
-* **Load**: ``poll`` stops at a due placeholder; the driver reads that one segment (the only
-  load in flight, under the lock) and resumes. A failed load changes nothing; the next ``poll``
-  retries it.
+  segment holding the first undelivered index) stands for it until it comes due. If the create
+  fails after its retries, the bucket stays in memory ("memory mode"), deliverable and counted
+  as unpersisted.
+* **Load**: ``poll`` stops at a due placeholder; the driver reads the next segments (up to
+  ``LOAD_BATCH_INDEXES``; the only load in flight, under the lock) and resumes. A failed load
+  changes nothing; the next ``poll`` retries it.
 * **Merge**: when more than ``max_num_buckets`` buckets are sealed, up to four adjacent durable
   buckets with unloaded segments and the fewest messages are merged on the executor: all their
   segments are read, filtered to still-tracked positions, re-cut and written; the sources stay
   live until the merged snapshot is durable (one manifest commit swaps them), so a failed merge
-  changes nothing.
-* **Trim and delete**: ``set_mark_delete`` untracks positions at or below the mark; buckets
-  wholly below the mark ledger whose create succeeded are deleted, as are exhausted buckets
-  (their last segment consumed), through the catalog's two-phase delete.
+  changes nothing. The merged range is registered when the merge starts, so no bucket can claim
+  a ledger in the gaps between the sources. Merges chain until the count fits.
+* **Trim and delete**: ``set_mark_delete`` untracks positions at or below the mark (persisted in
+  the manifest with its next commit and on close); buckets wholly below the mark ledger whose
+  create succeeded are deleted with all their ledgers untracked, as are exhausted buckets (their
+  last segment consumed), through the catalog's two-phase delete. Failed deletes are retried on
+  ``poll`` once their backoff (on the index's clock) runs out, then dead-lettered.
 * **Recovery** (:meth:`DelayIndex.open`): the catalog repairs the manifest's intents; each live
   bucket's metadata is read, fully due segments are skipped, the bitmaps of the rest restored and
-  its first live segment loaded. Everything is read before anything is installed, so a corrupt
-  snapshot raises :class:`~delayindex.errors.RecoveryError` having changed nothing.
+  its first live segment loaded; the persisted mark is applied. Everything is read before
+  anything is installed, so a corrupt snapshot raises
+  :class:`~delayindex.errors.RecoveryError` having changed nothing.
 
 Threads: one lock guards the core and the bucket table. Background jobs do their I/O without it
-and take it only to install results. Jobs are queued while the lock is held and submitted after
-it is released, so an inline executor cannot deadlock.
+and take it only to install results (in slices where the work is large). Jobs are queued while
+the lock is held and submitted after it is released, so an inline executor cannot deadlock.
 """
 
 from __future__ import annotations
