@@ -108,3 +108,15 @@ def test_backpressure_stays_while_creates_fail() -> None:
         clock.set(DUE)
         assert len(index.poll(10)) == 3  # memory mode: still delivered
         assert not index.should_pause_all_deliveries()
+
+
+def test_clear_persists_the_mark_reset_at_once() -> None:
+    clock, storage = ManualClock(T0), MemoryStorage()
+    with _open(storage, clock) as index:
+        index.set_mark_delete(5, 0)
+    assert storage.read_manifest("dur").mark_delete == (5, 0)  # persisted by close
+    with _open(storage, clock) as index:
+        assert index.mark_delete == (5, 0)
+        index.clear()  # nothing to delete: no other commit would carry the reset
+        assert storage.read_manifest("dur").mark_delete is None
+        assert index.mark_delete is None

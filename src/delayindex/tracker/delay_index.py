@@ -1163,6 +1163,11 @@ class DelayIndex:
         except (StorageError, ManifestConflictError) as exc:
             with self._lock:
                 self._warnings.append(f"clear: pending deletes not finished: {exc}")
+        try:
+            self._catalog.persist_mark_delete()  # the reset, now: an old mark must not return
+        except (StorageError, ManifestConflictError) as exc:
+            with self._lock:
+                self._warnings.append(f"clear: the mark-delete reset is not persisted: {exc}")
 
     def close(self) -> None:
         """Stop the timer, finish in-flight writes and release the name. Snapshots stay.
