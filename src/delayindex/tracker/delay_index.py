@@ -48,8 +48,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -73,6 +72,7 @@ from delayindex.storage.base import SnapshotStorage
 from delayindex.storage.catalog import Catalog
 from delayindex.storage.manifest import BucketRecord
 from delayindex.timers import ArmingRule, Timer
+from delayindex.tracker._front import TrackerFront
 from delayindex.tracker.in_memory import _ClosedCore, _diagnose, as_int64_array
 
 _log = logging.getLogger(__name__)
@@ -260,7 +260,7 @@ def resolve_overlaps(
     return kept, dropped
 
 
-class DelayIndex:
+class DelayIndex(TrackerFront):
     """Bucket-based delayed-message tracker (PIP-195) over a :class:`SnapshotStorage`.
 
     Build it with :meth:`open`. See the module documentation for how it works, and
@@ -443,12 +443,6 @@ class DelayIndex:
 
     # -- small helpers --------------------------------------------------------------------------
 
-    def _now(self) -> int:
-        now = self._clock()
-        if type(now) is not int and (isinstance(now, bool) or not isinstance(now, int)):
-            raise TypeError(f"clock() must return int epoch ms, got {type(now).__name__}")
-        return now
-
     def _check_open(self) -> None:
         if self._closed:
             raise TrackerClosedError(f"DelayIndex {self._name!r} is closed")
@@ -507,17 +501,6 @@ class DelayIndex:
             jobs, self._queued = self._queued, []
         for job in jobs:
             self._submit(job)
-
-    def _rearm(self, now: int) -> None:
-        if self._arming is not None:
-            self._arming.update(self._core.next_time(), now, self._core.tick_ms)
-
-    def _on_timer(self, token: int) -> None:
-        with self._lock:
-            if self._arming is None or not self._arming.accept_fire(token, self._now()):
-                return
-        if self._on_ready is not None:
-            self._on_ready()
 
     # -- adding -----------------------------------------------------------------------------------
 
@@ -967,12 +950,6 @@ class DelayIndex:
                 _diagnose(ledger_id=ledger_id, entry_id=entry_id)
                 raise
 
-    def __contains__(self, position: object) -> bool:
-        """``(ledger_id, entry_id) in index``."""
-        if not isinstance(position, tuple) or len(position) != 2:
-            return False
-        return self.contains(position[0], position[1])
-
     def __len__(self) -> int:
         """Number of tracked, undelivered positions (exact)."""
         return 0 if self._closed else len(self._core)
@@ -1078,15 +1055,6 @@ class DelayIndex:
             return pause
 
     # -- housekeeping -------------------------------------------------------------------------
-
-    def reset_tick_time(self, tick_ms: int) -> None:
-        """Use ``tick_ms`` from now on."""
-        if isinstance(tick_ms, bool) or not isinstance(tick_ms, int):
-            raise TypeError(f"tick_ms must be an int, got {type(tick_ms).__name__}")
-        if not 0 <= tick_ms < 2**62:
-            raise ValueError(f"tick_ms must be in [0, 2**62), got {tick_ms}")
-        with self._lock:
-            self._core.tick_ms = tick_ms
 
     def buckets(self) -> list[BucketInfo]:
         """One record per sealed bucket, in ledger order."""
@@ -1199,16 +1167,6 @@ class DelayIndex:
             self._executor.shutdown(wait=True)
 
     @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
-
-    @property
-    def config(self) -> TrackerConfig:
-        """The configuration this index was opened with."""
-        return self._config
-
-    @property
     def name(self) -> str:
         """The index name in its storage."""
         return self._name
@@ -1226,17 +1184,6 @@ class DelayIndex:
             manifest = self._catalog.manifest.live_ids()
             if not live <= manifest:
                 raise AssertionError(f"durable buckets {live - manifest} are not in the manifest")
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"tracked={len(self)} buckets={len(self._buckets)}"

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -28,12 +27,13 @@ from delayindex.config import TrackerConfig
 from delayindex.errors import TrackerClosedError
 from delayindex.model import MAX_ENTRY_ID, MAX_TIME, MIN_TIME, Position
 from delayindex.timers import ArmingRule, Timer
+from delayindex.tracker._front import TrackerFront
 
 _DEFAULT_CONFIG = TrackerConfig()
 _INT_LIKE = "integer"
 
 
-class InMemoryTracker:
+class InMemoryTracker(TrackerFront):
     """Single-heap delayed-message tracker (Pulsar's in-memory tracker; reference and fallback).
 
     Args:
@@ -79,24 +79,6 @@ class InMemoryTracker:
         self._closed = False
 
     # -- time ---------------------------------------------------------------------------------
-
-    def _now(self) -> int:
-        now = self._clock()
-        if type(now) is not int and (isinstance(now, bool) or not isinstance(now, int)):
-            raise TypeError(f"clock() must return int epoch ms, got {type(now).__name__}")
-        return now
-
-    def _rearm(self, now: int) -> None:
-        # Caller holds the lock.
-        if self._arming is not None:
-            self._arming.update(self._core.next_time(), now, self._core.tick_ms)
-
-    def _on_timer(self, token: int) -> None:
-        with self._lock:
-            if self._arming is None or not self._arming.accept_fire(token, self._now()):
-                return
-        if self._on_ready is not None:
-            self._on_ready()
 
     # -- adding -------------------------------------------------------------------------------
 
@@ -195,12 +177,6 @@ class InMemoryTracker:
         """Number of tracked, undelivered positions (exact)."""
         return len(self._core)
 
-    def __contains__(self, position: object) -> bool:
-        """``(ledger_id, entry_id) in tracker``."""
-        if not isinstance(position, tuple) or len(position) != 2:
-            return False
-        return self.contains(position[0], position[1])
-
     def should_pause_all_deliveries(self) -> bool:
         """Pulsar's fixed-delay detection: pause cursor reads while delays look fixed.
 
@@ -215,15 +191,6 @@ class InMemoryTracker:
             return pause
 
     # -- housekeeping -------------------------------------------------------------------------
-
-    def reset_tick_time(self, tick_ms: int) -> None:
-        """Use ``tick_ms`` from now on (cutoff slack and minimum re-trigger interval)."""
-        if isinstance(tick_ms, bool) or not isinstance(tick_ms, int):
-            raise TypeError(f"tick_ms must be an int, got {type(tick_ms).__name__}")
-        if not 0 <= tick_ms < 2**62:
-            raise ValueError(f"tick_ms must be in [0, 2**62), got {tick_ms}")
-        with self._lock:
-            self._core.tick_ms = tick_ms
 
     def memory_usage_bytes(self) -> int:
         """Resident estimate: heap array (capacity x 24 B) + bitmaps + index containers."""
@@ -262,27 +229,6 @@ class InMemoryTracker:
                 self._arming.cancel()
             self._core.clear()
             self._core = _ClosedCore(self._core)
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
-
-    @property
-    def config(self) -> TrackerConfig:
-        """The configuration this tracker was created with."""
-        return self._config
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"tracked={len(self)}"
