@@ -14,3 +14,11 @@ def as_i64(value: object) -> int:
     if not INT64_MIN <= number <= INT64_MAX:
         raise OverflowError("int too big to convert")
     return int(number)
+
+
+def check_ids(ledger: int, entry: int) -> None:
+    """``ValueError`` unless ``ledger >= 0`` and ``0 <= entry < 2**32`` (as the native twins)."""
+    if ledger < 0:
+        raise ValueError(f"ledger_id must be >= 0, got {ledger}")
+    if not 0 <= entry <= 0xFFFFFFFF:
+        raise ValueError(f"entry_id must be in [0, 2**32), got {entry}")

@@ -39,7 +39,8 @@ import numpy.typing as npt
 from pyroaring import BitMap
 from sortedcontainers import SortedDict
 
-from delayindex._pure._ints import INT64_MAX, as_i64
+from delayindex._pure._ints import as_i64, check_ids
+from delayindex._pure._ticked import TickedCore
 from delayindex._pure.heap import TripleHeap, _int64_column
 from delayindex._pure.index import LedgerIndex
 from delayindex.model import MAX_ENTRY_ID, Position
@@ -47,13 +48,6 @@ from delayindex.model import MAX_ENTRY_ID, Position
 Int64Array = npt.NDArray[np.int64]
 #: ``add`` result codes.
 DELIVER, TRACKED, DUPLICATE, SEAL_FIRST = 0, 1, 2, 3
-
-
-def _check_ids(ledger: int, entry: int) -> None:
-    if ledger < 0:
-        raise ValueError(f"ledger_id must be >= 0, got {ledger}")
-    if not 0 <= entry <= MAX_ENTRY_ID:
-        raise ValueError(f"entry_id must be in [0, 2**32), got {entry}")
 
 
 def _column(values: object) -> Int64Array:
@@ -96,7 +90,7 @@ class _Source:
         return None
 
 
-class BucketCore:
+class BucketCore(TickedCore):
     """Dedup index + mutable/direct heaps + segment-source merge (time passed in).
 
     ``add`` returns 0 (deliver now), 1 (tracked), 2 (already tracked) or 3 (the mutable bucket
@@ -146,23 +140,6 @@ class BucketCore:
         )  # fmt: skip
 
     # -- time -------------------------------------------------------------------------------
-
-    @property
-    def tick_ms(self) -> int:
-        """The tick used for the non-strict cutoff and fixed-delay detection."""
-        return self._tick
-
-    @tick_ms.setter
-    def tick_ms(self, value: int) -> None:
-        value = as_i64(value)
-        if value < 0:
-            raise ValueError(f"tick_ms must be >= 0, got {value}")
-        self._tick = value
-
-    def cutoff_for(self, now: int) -> int:
-        """The cutoff for ``now``: a message is due when deliver_at <= cutoff."""
-        now = as_i64(now)
-        return now if self.strict else min(now + self._tick, INT64_MAX)
 
     # -- sealed ranges ----------------------------------------------------------------------
 
@@ -265,11 +242,6 @@ class BucketCore:
 
     # -- add --------------------------------------------------------------------------------
 
-    def _note_deliver_at(self, deliver_at: int) -> None:
-        if deliver_at < self._highest - self._tick:
-            self._fixed_delay = False
-        self._highest = max(self._highest, deliver_at)
-
     def _add(self, ledger: int, entry: int, deliver_at: int, cutoff: int) -> int:
         n = self._n
         if deliver_at < 0 or deliver_at <= cutoff:
@@ -322,7 +294,7 @@ class BucketCore:
         """Track ``(ledger, entry)`` until ``deliver_at``; see the class doc for the result."""
         ledger, entry, deliver_at = as_i64(ledger), as_i64(entry), as_i64(deliver_at)
         cutoff = self.cutoff_for(now)
-        _check_ids(ledger, entry)
+        check_ids(ledger, entry)
         return self._add(ledger, entry, deliver_at, cutoff)
 
     def add_many(
@@ -583,19 +555,10 @@ class BucketCore:
         key = self._head_key()
         return None if key is None else key[0]
 
-    def should_pause(self, now: int) -> bool:
-        """Pulsar's fixed-delay detection: pause reads while delays look fixed and none is due."""
-        return (
-            self.fixed_delay_lookahead > 0
-            and self._fixed_delay
-            and len(self._index) >= self.fixed_delay_lookahead
-            and not self.has_due(now)
-        )
-
     def contains(self, ledger: int, entry: int) -> bool:
         """Whether ``(ledger, entry)`` is tracked and not yet delivered."""
         ledger, entry = as_i64(ledger), as_i64(entry)
-        _check_ids(ledger, entry)
+        check_ids(ledger, entry)
         return self._index.contains(ledger, entry)
 
     def __len__(self) -> int:

@@ -21,21 +21,15 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
-from delayindex._pure._ints import INT64_MAX, as_i64
+from delayindex._pure._ints import as_i64, check_ids
+from delayindex._pure._ticked import TickedCore
 from delayindex._pure.heap import TripleHeap, _int64_column
 from delayindex.model import MAX_ENTRY_ID, Position
 
 _BITMAP_OVERHEAD = 64
 
 
-def _check_ids(ledger: int, entry: int) -> None:
-    if ledger < 0:
-        raise ValueError(f"ledger_id must be >= 0, got {ledger}")
-    if not 0 <= entry <= MAX_ENTRY_ID:
-        raise ValueError(f"entry_id must be in [0, 2**32), got {entry}")
-
-
-class TrackerCore:
+class TrackerCore(TickedCore):
     """Heap + dedup index + fixed-delay state of an exact-timestamp tracker (time passed in).
 
     ``add`` returns 0 (deliver now, not tracked), 1 (newly tracked) or 2 (already tracked).
@@ -63,23 +57,6 @@ class TrackerCore:
              "delivered", "stale_skipped", "polls"),
             0,
         )  # fmt: skip
-
-    @property
-    def tick_ms(self) -> int:
-        """The tick used for the non-strict cutoff and fixed-delay detection."""
-        return self._tick
-
-    @tick_ms.setter
-    def tick_ms(self, value: int) -> None:
-        value = as_i64(value)
-        if value < 0:
-            raise ValueError(f"tick_ms must be >= 0, got {value}")
-        self._tick = value
-
-    def cutoff_for(self, now: int) -> int:
-        """Return the cutoff for ``now``: a message is due when deliver_at <= cutoff."""
-        now = as_i64(now)
-        return now if self.strict else min(now + self._tick, INT64_MAX)
 
     def _untrack(self, ledger: int, entry: int) -> bool:
         bm = self._bitmaps.get(ledger)
@@ -118,16 +95,11 @@ class TrackerCore:
         self._note_deliver_at(deliver_at)
         return 1
 
-    def _note_deliver_at(self, deliver_at: int) -> None:
-        if deliver_at < self._highest - self._tick:
-            self._fixed_delay = False
-        self._highest = max(self._highest, deliver_at)
-
     def add(self, ledger: int, entry: int, deliver_at: int, now: int) -> int:
         """Track ``(ledger, entry)`` until ``deliver_at``; see the class doc for the result."""
         ledger, entry, deliver_at = as_i64(ledger), as_i64(entry), as_i64(deliver_at)
         cutoff = self.cutoff_for(now)
-        _check_ids(ledger, entry)
+        check_ids(ledger, entry)
         return self._add(ledger, entry, deliver_at, cutoff)
 
     def add_many(
@@ -223,19 +195,10 @@ class TrackerCore:
         self._purge_stale_heads()
         return self._heap.peek()[0] if self._heap else None
 
-    def should_pause(self, now: int) -> bool:
-        """Pulsar's fixed-delay detection: pause reads while delays look fixed and none is due."""
-        return (
-            self.fixed_delay_lookahead > 0
-            and self._fixed_delay
-            and self._count >= self.fixed_delay_lookahead
-            and not self.has_due(now)
-        )
-
     def contains(self, ledger: int, entry: int) -> bool:
         """Whether ``(ledger, entry)`` is tracked and not yet delivered."""
         ledger, entry = as_i64(ledger), as_i64(entry)
-        _check_ids(ledger, entry)
+        check_ids(ledger, entry)
         bm = self._bitmaps.get(ledger)
         return bm is not None and entry in bm
 

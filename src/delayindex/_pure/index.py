@@ -15,16 +15,10 @@ import sys
 import numpy as np
 from pyroaring import BitMap
 
+from delayindex._pure._ints import check_ids
 from delayindex.model import MAX_ENTRY_ID
 
 _BITMAP_OVERHEAD = 64
-
-
-def _check_ids(ledger: int, entry: int) -> None:
-    if ledger < 0:
-        raise ValueError(f"ledger_id must be >= 0, got {ledger}")
-    if not 0 <= entry <= MAX_ENTRY_ID:
-        raise ValueError(f"entry_id must be in [0, 2**32), got {entry}")
 
 
 class LedgerIndex:
@@ -36,7 +30,7 @@ class LedgerIndex:
 
     def add(self, ledger: int, entry: int) -> bool:
         """Add ``(ledger, entry)``; True if it was not there."""
-        _check_ids(ledger, entry)
+        check_ids(ledger, entry)
         bm = self._sets.get(ledger)
         if bm is None:
             bm = self._sets[ledger] = BitMap()
@@ -48,7 +42,7 @@ class LedgerIndex:
 
     def discard(self, ledger: int, entry: int) -> bool:
         """Remove ``(ledger, entry)``; True if it was there."""
-        _check_ids(ledger, entry)
+        check_ids(ledger, entry)
         bm = self._sets.get(ledger)
         if bm is None or entry not in bm:
             return False
@@ -58,7 +52,7 @@ class LedgerIndex:
 
     def contains(self, ledger: int, entry: int) -> bool:
         """Whether ``(ledger, entry)`` is in the set."""
-        _check_ids(ledger, entry)
+        check_ids(ledger, entry)
         bm = self._sets.get(ledger)
         return bm is not None and entry in bm
 
