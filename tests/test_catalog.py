@@ -533,3 +533,146 @@ def test_buckets_and_manifest_views(clock: ManualClock) -> None:
     assert catalog.buckets() == [a, b]  # ledger order, not creation order
     assert catalog.manifest.version == storage.read_manifest(NAME).version == 4  # two commits each
     assert repr(catalog) == "Catalog('orders', v4, buckets=2)"
+
+
+# -- group commit: apply_batch ------------------------------------------------------------------
+
+E = _triples(50, 5)
+CONTENT[(50, 53)] = _build(E)
+BATCH_STEPS = ["batch.begin", "batch.intents_committed", "batch.objects_written", "batch.committed"]
+
+
+def _run_batch(env: Env, ids: dict[str, str], crash_at: int | None) -> tuple[list[str], Any]:
+    steps: list[str] = []
+
+    def hook(step: str) -> None:
+        steps.append(step)
+        if len(steps) - 1 == crash_at:
+            raise SimulatedCrash(step)
+
+    catalog = Catalog.open(env.storage, NAME, crash_hook=hook)
+    try:
+        result = catalog.apply_batch([CONTENT[(40, 43)], CONTENT[(50, 53)]], [ids["A"], ids["B"]])
+    except SimulatedCrash:
+        return steps, None
+    catalog.close()
+    return steps, result
+
+
+def test_batch_two_commits_and_results_in_order(make_env: Callable[[], Env]) -> None:
+    env = make_env()
+    ids = _prepare(env)
+    before = env.storage.stats()["commit_manifest"]["calls"]
+    steps, result = _run_batch(env, ids, None)
+    assert steps == BATCH_STEPS
+    assert env.storage.stats()["commit_manifest"]["calls"] - before == 2 == result.commits
+    assert [(r.start_ledger, r.end_ledger) for r in result.created] == [(40, 43), (50, 53)]
+    assert result.deleted == (True, True)
+    _check(env, [(30, 33), (40, 43), (50, 53)]).close()
+
+
+@pytest.mark.parametrize("crash_at", range(len(BATCH_STEPS)))
+def test_batch_crash_then_repair(make_env: Callable[[], Env], crash_at: int) -> None:
+    env = make_env()
+    ids = _prepare(env)
+    steps, _ = _run_batch(env, ids, crash_at)
+    assert steps == BATCH_STEPS[: crash_at + 1]
+    env.restart()
+    # Before the first commit nothing changed; after it the deletes are decided (rolled
+    # forward) and the creates are not live until the second commit (rolled back).
+    expected = {
+        0: [(10, 13), (20, 23), (30, 33)],
+        1: [(30, 33)],
+        2: [(30, 33)],
+        3: [(30, 33), (40, 43), (50, 53)],
+    }[crash_at]
+    _check(env, expected).close()
+
+
+def test_batch_failed_create_is_rolled_back_alone(make_env: Callable[[], Env]) -> None:
+    env = make_env()
+    ids = _prepare(env)
+    with Catalog.open(env.storage, NAME) as catalog:
+        env.fail_creates(4, after=False)  # every attempt of the first create fails
+        result = catalog.apply_batch([CONTENT[(40, 43)], CONTENT[(50, 53)]], [ids["C"]])
+        assert isinstance(result.created[0], StorageError)
+        assert (result.created[1].start_ledger, result.created[1].end_ledger) == (50, 53)
+        assert result.deleted == (True,)
+    env.monkeypatch.undo()
+    _check(env, [(10, 13), (20, 23), (50, 53)]).close()
+
+
+def test_batch_failed_delete_stays_pending() -> None:
+    clock = ManualClock(5_000)
+    storage = MemoryStorage()
+    with Catalog.open(storage, NAME, clock=clock, delete_retry_delay_ms=100) as catalog:
+        a = catalog.create_bucket(*CONTENT[(10, 13)]).snapshot_id
+        storage.inject_failure("delete", times=4)
+        result = catalog.apply_batch([CONTENT[(40, 43)]], [a])
+        assert result.deleted == (False,) and result.commits == 2
+        intent = catalog.manifest.intent(a)
+        assert intent is not None and intent.attempts == 1 and intent.next_attempt_ms == 5_100
+        # An id that is only a pending intent is retried by the next batch; unknown ids are done.
+        again = catalog.apply_batch([], [a, "never-existed"])
+        assert again.deleted == (True, True)
+        assert {o.id for o in storage.list_objects()} == catalog.manifest.live_ids()
+
+
+@pytest.mark.parametrize(
+    ("creates", "deletes", "match"),
+    [
+        ([(10, 13)], [], "overlaps"),  # a live bucket
+        ([(40, 43), (40, 43)], [], "overlaps"),  # each other
+        ([], ["A", "A"], "repeats"),
+        ([], ["bad/id"], "bad snapshot id"),
+    ],
+)
+def test_batch_bad_requests_change_nothing(
+    creates: list[tuple[int, int]], deletes: list[str], match: str
+) -> None:
+    storage = MemoryStorage()
+    with Catalog.open(storage, NAME) as catalog:
+        ids = {"A": catalog.create_bucket(*CONTENT[(10, 13)]).snapshot_id}
+        before = catalog.manifest
+        with pytest.raises(ValueError, match=match):
+            catalog.apply_batch([CONTENT[r] for r in creates], [ids.get(d, d) for d in deletes])
+        assert catalog.manifest == before == storage.read_manifest(NAME)
+        assert {o.id for o in storage.list_objects()} == {ids["A"]}
+
+
+def test_batch_first_commit_failure_raises_and_changes_nothing() -> None:
+    storage = MemoryStorage()
+    with Catalog.open(storage, NAME) as catalog:
+        a = catalog.create_bucket(*CONTENT[(10, 13)]).snapshot_id
+        storage.inject_failure("manifest", times=8)  # the commit and the re-read after it
+        with pytest.raises(StorageError):
+            catalog.apply_batch([CONTENT[(40, 43)]], [a])
+        assert storage.read_manifest(NAME).live_ids() == {a}
+        assert {o.id for o in storage.list_objects()} == {a}
+
+
+def test_retry_dead_letters_requeues_and_deletes() -> None:
+    storage = MemoryStorage()
+    with Catalog.open(storage, NAME, max_delete_attempts=1) as catalog:
+        a = catalog.create_bucket(*CONTENT[(10, 13)]).snapshot_id
+        storage.inject_failure("delete", times=4)
+        assert catalog.delete_bucket(a) is False
+        assert [d.snapshot_id for d in catalog.manifest.dead_letters] == [a]
+        with pytest.raises(ValueError, match="not dead letters"):
+            catalog.retry_dead_letters(["nope"])
+        report = catalog.retry_dead_letters()
+        assert report.completed == (a,) and catalog.manifest.dead_letters == ()
+        assert storage.list_objects() == [] and catalog.manifest.intents == ()
+        assert catalog.retry_dead_letters().completed == ()
+
+
+def test_writer_status_rides_on_commits() -> None:
+    from delayindex.storage import WriterStatus
+
+    storage = MemoryStorage()
+    with Catalog.open(storage, NAME) as catalog:
+        status = WriterStatus(unpersisted=12, memory_mode_buckets=1, as_of_ms=99)
+        catalog.note_writer_status(status)
+        assert storage.read_manifest(NAME).writer_status is None  # never committed on its own
+        catalog.create_bucket(*CONTENT[(10, 13)])
+        assert storage.read_manifest(NAME).writer_status == status

@@ -22,6 +22,9 @@ DEFAULTS = {
     "max_unpersisted_indexes": 1_000_000,
     "max_delete_attempts": 10,
     "delete_retry_delay_ms": 60_000,
+    "group_commit_max_ops": 512,
+    "group_commit_max_bytes": 4 * 1024 * 1024,
+    "group_commit_max_delay_ms": 1,
 }
 BOOL_FIELDS = ("strict", "pause_on_unpersisted")
 INT_FIELDS = tuple(name for name in DEFAULTS if name not in BOOL_FIELDS)
@@ -94,6 +97,9 @@ def test_no_new_attributes() -> None:
         ("max_unpersisted_indexes", 0),
         ("max_delete_attempts", 1),
         ("delete_retry_delay_ms", 0),
+        ("group_commit_max_ops", 1),
+        ("group_commit_max_bytes", 1),
+        ("group_commit_max_delay_ms", 0),
     ],
 )
 def test_valid_edge_values_are_accepted(field: str, value: object) -> None:
@@ -126,6 +132,9 @@ def test_valid_edge_values_are_accepted(field: str, value: object) -> None:
         ("max_delete_attempts", 0),
         ("max_delete_attempts", -1),
         ("delete_retry_delay_ms", -1),
+        ("group_commit_max_ops", 0),
+        ("group_commit_max_bytes", 0),
+        ("group_commit_max_delay_ms", -1),
     ],
 )
 def test_invalid_values_raise_value_error_naming_the_field(field: str, value: int) -> None:

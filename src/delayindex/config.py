@@ -35,8 +35,17 @@ class TrackerConfig:
     max_unpersisted_indexes: int = 1_000_000
     #: A snapshot delete failing this many times moves to the dead-letter list.
     max_delete_attempts: int = 10
-    #: First retry delay of a failed delete; later retries back off from it.
+    #: First retry delay of a failed delete (or snapshot write); later retries back off from it.
     delete_retry_delay_ms: int = 60_000
+    #: Group commit: most snapshot creates and deletes made durable by one pair of manifest
+    #: writes (PIP-160's ``maxRecords``); 1 turns group commit off.
+    group_commit_max_ops: int = 512
+    #: Group commit: a batch stops taking sealed buckets once their snapshots hold this many
+    #: bytes (PIP-160's ``maxSize``): the batch's snapshots are in memory until written.
+    group_commit_max_bytes: int = 4 * 1024 * 1024
+    #: Group commit: how long the writer waits for more changes before writing a batch that is
+    #: not full (PIP-160's ``maxDelayInMillis``); 0 writes whatever has accumulated at once.
+    group_commit_max_delay_ms: int = 1
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -57,6 +66,9 @@ class TrackerConfig:
         _at_least("max_unpersisted_indexes", self.max_unpersisted_indexes, 0)
         _at_least("max_delete_attempts", self.max_delete_attempts, 1)
         _at_least("delete_retry_delay_ms", self.delete_retry_delay_ms, 0)
+        _at_least("group_commit_max_ops", self.group_commit_max_ops, 1)
+        _at_least("group_commit_max_bytes", self.group_commit_max_bytes, 1)
+        _at_least("group_commit_max_delay_ms", self.group_commit_max_delay_ms, 0)
 
     def replace(self, **changes: object) -> TrackerConfig:
         """Return a copy with ``changes`` applied (and validated)."""

@@ -6,7 +6,8 @@
 * :class:`FileStorage` (``file``): the embedded default, a local directory.
 * :class:`Catalog` (``catalog``): the two-phase create/delete protocol for one name and the
   repair that :meth:`Catalog.open` runs after a crash.
-* :class:`Manifest`, :class:`BucketRecord`, :class:`Intent` (``manifest``): what a manifest holds.
+* :class:`Manifest`, :class:`BucketRecord`, :class:`Intent`, :class:`WriterStatus`
+  (``manifest``): what a manifest holds.
 
 See docs/storage.md.
 """
@@ -33,6 +34,7 @@ from delayindex.storage.manifest import (
     BucketRecord,
     Intent,
     Manifest,
+    WriterStatus,
     decode_manifest,
     encode_manifest,
     validate_key,
@@ -61,6 +63,7 @@ __all__ = [
     "SnapshotStorage",
     "StorageError",
     "StoreLockedError",
+    "WriterStatus",
     "decode_manifest",
     "encode_manifest",
     "validate_key",

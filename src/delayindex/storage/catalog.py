@@ -39,6 +39,25 @@ A failed step 2 keeps the intent with ``attempts + 1``, ``last_error`` and a bac
 :meth:`Catalog.retry_pending_deletes` retries it, and after ``max_delete_attempts`` failures it
 moves to the manifest's dead letters: kept and shown, never forgotten.
 
+``apply_batch(creates, deletes)`` (group commit: many seals and deletes, two manifest writes)::
+
+    [batch.begin]
+    1. commit: + Intent(create) per create, live -> Intent(delete) per delete
+    [batch.intents_committed]
+    2. storage.create + length per create; storage.delete per delete      outcomes collected
+    [batch.objects_written]
+    3. commit: created -> live BucketRecord, failed create -> Intent(delete),
+               deleted -> intent dropped, failed delete -> attempts + 1 (or dead letter)
+    [batch.committed]
+    4. only if a create failed: delete steps 2-3 for its object
+
+Each change is acknowledged (reported in the result) only after the commit that makes it
+durable, and the result lists outcomes in request order. A crash anywhere leaves intents that
+the next open repairs exactly as for the single-change calls.
+
+``retry_dead_letters(ids)`` moves dead letters back to pending delete intents (one commit,
+``[dead.requeued]``) and retries them at once.
+
 Repair (:meth:`Catalog.open`, after taking the lock and reading the manifest):
 
 ==============================================  ============================================
@@ -83,7 +102,13 @@ from delayindex.errors import (
 )
 from delayindex.snapshot.format import Segment, SnapshotMetadata
 from delayindex.storage.base import LockHandle, SnapshotStorage
-from delayindex.storage.manifest import BucketRecord, Intent, Manifest, validate_key
+from delayindex.storage.manifest import (
+    BucketRecord,
+    Intent,
+    Manifest,
+    WriterStatus,
+    validate_key,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -128,6 +153,20 @@ class RetryReport:
     dead_lettered: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class BatchResult:
+    """Outcome of :meth:`Catalog.apply_batch`, in request order.
+
+    ``created[i]`` is the live record of create ``i``, or the exception that made it fail (the
+    create was rolled back). ``deleted[j]`` is True when delete ``j`` is finished, False when it
+    stays pending (retried later, or dead-lettered). ``commits`` counts manifest writes made.
+    """
+
+    created: tuple[BucketRecord | Exception, ...] = ()
+    deleted: tuple[bool, ...] = ()
+    commits: int = 0
+
+
 class Catalog:
     """The two-phase protocol over a :class:`SnapshotStorage` for one name (see module docs).
 
@@ -161,6 +200,7 @@ class Catalog:
         self._problems: deque[str] = deque(maxlen=100)
         self._mark_dirty = False
         self._noted_mark: tuple[int, int] | None = manifest.mark_delete
+        self._writer_status: WriterStatus | None = None
         self.repair_report = RepairReport()
 
     @classmethod
@@ -332,6 +372,175 @@ class Catalog:
             self._hook("delete.intent_committed")
             return self._finish_delete(intent)
 
+    def apply_batch(
+        self,
+        creates: Sequence[tuple[SnapshotMetadata, Sequence[Segment]]] = (),
+        deletes: Sequence[str] = (),
+    ) -> BatchResult:
+        """Create and delete many buckets with two manifest commits (group commit).
+
+        ``creates`` are ``(metadata, segments)`` of new buckets (not merges; use
+        :meth:`create_bucket` with ``replaces`` for those); ``deletes`` are snapshot ids that are
+        live, or pending delete intents (retried), or unknown (already gone: reported done).
+        Storage failures are reported per change in the result, never raised, except that of
+        the first commit, after which nothing has changed.
+
+        Raises:
+            ValueError, TypeError: bad requests (a range overlapping a live bucket or another
+                create, a delete of a bucket that a pending merge replaces); nothing changed.
+            StorageError, ManifestConflictError: the first commit failed; nothing changed.
+        """
+        with self._mutex:
+            self._check_open()
+            before = self._manifest
+            intents: list[Intent] = []
+            taken: list[tuple[int, int]] = []
+            for metadata, _segments in creates:
+                if not isinstance(metadata, SnapshotMetadata):
+                    raise TypeError(
+                        f"metadata must be a SnapshotMetadata, not {type(metadata).__name__}"
+                    )
+                start, end = metadata.start_ledger, metadata.end_ledger
+                clash = [b.snapshot_id for b in before.overlapping(start, end)]
+                clash += [f"[{a}, {b}]" for a, b in taken if a <= end and start <= b]
+                if clash:
+                    raise ValueError(f"range [{start}, {end}] overlaps {clash}")
+                taken.append((start, end))
+                intents.append(Intent("create", self._new_key(start, end, intents), start, end))
+            manifest = before
+            ids = list(deletes)
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"deletes repeats an id: {ids}")
+            for snapshot_id in ids:
+                validate_key(snapshot_id, "snapshot id")
+                if any(snapshot_id in i.replaces for i in before.intents):
+                    raise ValueError(f"{snapshot_id!r} is being merged; delete it after the merge")
+                record = before.bucket(snapshot_id)
+                if record is not None:
+                    manifest = manifest.without_bucket(snapshot_id).with_intent(
+                        Intent("delete", snapshot_id, record.start_ledger, record.end_ledger)
+                    )
+            for intent in intents:
+                manifest = manifest.with_intent(intent)
+            commits = 0
+            self._hook("batch.begin")
+            if manifest != before:
+                self._commit(manifest)  # 1
+                commits += 1
+            self._hook("batch.intents_committed")
+
+            outcomes: list[BucketRecord | Exception] = []  # 2
+            for intent, (metadata, segments) in zip(intents, creates, strict=True):
+                key = intent.snapshot_id
+                try:
+                    self._storage.create(metadata, segments, key)
+                    size = self._storage.length(key)
+                    outcomes.append(
+                        BucketRecord(
+                            intent.start_ledger, intent.end_ledger, key,
+                            metadata.num_messages, metadata.num_segments, size,
+                        )
+                    )  # fmt: skip
+                except (StorageError, SnapshotCorruptError, ValueError) as exc:
+                    outcomes.append(exc)
+            deleted: dict[str, Exception | None] = {}
+            for snapshot_id in ids:
+                pending = self._manifest.intent(snapshot_id)
+                if pending is None or pending.kind != "delete":
+                    continue
+                try:
+                    self._storage.delete(snapshot_id)
+                    deleted[snapshot_id] = None
+                except StorageError as exc:
+                    deleted[snapshot_id] = exc
+            self._hook("batch.objects_written")
+
+            manifest = self._manifest  # 3
+            failed: list[Intent] = []
+            for intent, outcome in zip(intents, outcomes, strict=True):
+                if isinstance(outcome, BucketRecord):
+                    manifest = manifest.without_intent(intent.snapshot_id).with_bucket(outcome)
+                else:
+                    undo = Intent("delete", intent.snapshot_id, intent.start_ledger,
+                                  intent.end_ledger)  # fmt: skip
+                    manifest = manifest.with_updated_intent(undo)
+                    failed.append(undo)
+            for snapshot_id, error in deleted.items():
+                pending = manifest.intent(snapshot_id)
+                assert pending is not None  # the lock keeps it so
+                if error is None:
+                    manifest = manifest.without_intent(snapshot_id)
+                else:
+                    manifest = self._with_delete_failure(manifest, pending, error)
+            try:
+                if manifest != self._manifest:
+                    self._commit(manifest)
+                    commits += 1
+            except (StorageError, ManifestConflictError) as exc:
+                self._problem(f"batch commit failed; the batch is rolled back: {exc}")
+                try:
+                    self._convert_creates()  # the written objects become delete intents
+                except (StorageError, ManifestConflictError) as undo_exc:
+                    self._problem(f"rollback failed ({undo_exc}); the next open rolls it back")
+                return BatchResult(
+                    tuple(exc for _ in intents),
+                    tuple(self._manifest.intent(i) is None and self._manifest.bucket(i) is None
+                          and i not in {d.snapshot_id for d in self._manifest.dead_letters}
+                          for i in ids),
+                    commits,
+                )  # fmt: skip
+            self._hook("batch.committed")
+            for undo in failed:  # 4
+                self._finish_delete(undo)
+            dead = {d.snapshot_id for d in self._manifest.dead_letters}
+            done = tuple(
+                self._manifest.intent(i) is None and self._manifest.bucket(i) is None
+                and i not in dead
+                for i in ids
+            )  # fmt: skip
+            return BatchResult(tuple(outcomes), done, commits)
+
+    def retry_dead_letters(self, snapshot_ids: Iterable[str] | None = None) -> RetryReport:
+        """Move dead letters (all, or ``snapshot_ids``) back to pending deletes and retry them now.
+
+        Their attempt counters restart, so a delete that fails again gets a full set of retries
+        before it is dead-lettered again.
+
+        Raises:
+            ValueError: an id in ``snapshot_ids`` is not a dead letter (nothing changed).
+            StorageError, ManifestConflictError: the requeue commit failed (nothing changed).
+        """
+        with self._mutex:
+            self._check_open()
+            dead = {d.snapshot_id: d for d in self._manifest.dead_letters}
+            wanted = list(dead) if snapshot_ids is None else list(snapshot_ids)
+            unknown = [i for i in wanted if i not in dead]
+            if unknown:
+                raise ValueError(f"not dead letters of {self.name!r}: {unknown}")
+            if not wanted:
+                return RetryReport()
+            kept = tuple(d for d in self._manifest.dead_letters if d.snapshot_id not in wanted)
+            manifest = replace(self._manifest, dead_letters=kept)
+            for snapshot_id in wanted:
+                d = dead[snapshot_id]
+                manifest = manifest.with_intent(
+                    Intent("delete", d.snapshot_id, d.start_ledger, d.end_ledger,
+                           last_error=d.last_error)
+                )  # fmt: skip
+            self._commit(manifest)
+            self._hook("dead.requeued")
+            completed, failed, again = [], [], []
+            for snapshot_id in wanted:
+                intent = self._manifest.intent(snapshot_id)
+                assert intent is not None
+                if self._finish_delete(intent):
+                    completed.append(snapshot_id)
+                elif any(d.snapshot_id == snapshot_id for d in self._manifest.dead_letters):
+                    again.append(snapshot_id)
+                else:
+                    failed.append(snapshot_id)
+            return RetryReport(tuple(completed), tuple(failed), tuple(again))
+
     def note_mark_delete(self, mark: tuple[int, int] | None) -> None:
         """Record the owner's mark-delete position; it is persisted with the next commit (or
         :meth:`persist_mark_delete`), not at once: acknowledgements are frequent."""
@@ -341,6 +550,12 @@ class Catalog:
             if mark != self._manifest.mark_delete:
                 self._manifest = replace(self._manifest, mark_delete=mark)
                 self._mark_dirty = True
+
+    def note_writer_status(self, status: WriterStatus | None) -> None:
+        """Record what the writer holds only in memory; carried by every later commit (for
+        ``delayindex inspect``), never committed on its own."""
+        with self._mutex:
+            self._writer_status = status
 
     def persist_mark_delete(self) -> None:
         """Commit the manifest if only the mark-delete position changed since the last commit.
@@ -429,8 +644,8 @@ class Catalog:
         self._problems.append(message)
         _log.warning("catalog %s: %s", self.name, message)
 
-    def _new_key(self, start: int, end: int) -> str:
-        taken = self._manifest.referenced_ids()
+    def _new_key(self, start: int, end: int, pending: Sequence[Intent] = ()) -> str:
+        taken = self._manifest.referenced_ids() | {i.snapshot_id for i in pending}
         while True:
             suffix = f"-{start}-{end}-{uuid.uuid4().hex[:_KEY_RANDOM_HEX]}"
             key = self.name[: _MAX_KEY - len(suffix)] + suffix
@@ -439,6 +654,8 @@ class Catalog:
 
     def _commit(self, new: Manifest) -> None:
         """Commit ``new``; on failure re-read the manifest to learn whether it landed."""
+        if self._writer_status is not None:
+            new = replace(new, writer_status=self._writer_status)
         try:
             self._manifest = self._storage.commit_manifest(self.name, new)
             self._mark_dirty = False
@@ -492,7 +709,10 @@ class Catalog:
         self._hook("delete.intent_dropped")
         return True
 
-    def _record_delete_failure(self, intent: Intent, exc: BaseException) -> None:
+    def _with_delete_failure(
+        self, manifest: Manifest, intent: Intent, exc: BaseException
+    ) -> Manifest:
+        """``manifest`` with a failed delete recorded: attempts + 1 and backoff, or dead letter."""
         attempts = intent.attempts + 1
         factor = min(2 ** (attempts - 1), MAX_BACKOFF_FACTOR)
         updated = replace(
@@ -502,11 +722,13 @@ class Catalog:
             last_error=f"{type(exc).__name__}: {exc}"[:1000],
         )
         if attempts >= self._max_delete_attempts:
-            new = self._manifest.with_dead_letter(updated)
             self._problem(f"delete of {intent.snapshot_id!r} failed {attempts} times; dead letter")
-        else:
-            new = self._manifest.with_updated_intent(updated)
-            self._problem(f"delete of {intent.snapshot_id!r} failed (attempt {attempts}): {exc}")
+            return manifest.with_dead_letter(updated)
+        self._problem(f"delete of {intent.snapshot_id!r} failed (attempt {attempts}): {exc}")
+        return manifest.with_updated_intent(updated)
+
+    def _record_delete_failure(self, intent: Intent, exc: BaseException) -> None:
+        new = self._with_delete_failure(self._manifest, intent, exc)
         try:
             self._commit(new)
         except (StorageError, ManifestConflictError) as commit_exc:

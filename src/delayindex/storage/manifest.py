@@ -7,7 +7,10 @@ A :class:`Manifest` is the single source of truth for one name (one tracker). It
   *before* its object; a ``delete`` intent replaces a live record *before* its object is
   removed. Whatever a crash interrupts, every object the protocol ever wrote is referenced here;
 * ``dead_letters``: delete intents that failed ``max_delete_attempts`` times; kept (never
-  forgotten) so that an operator can see and retry them.
+  forgotten) so that an operator can see and retry them;
+* optionally ``mark_delete`` (the owner's acknowledged position) and ``writer_status`` (what the
+  writer held only in memory at the commit, for ``delayindex inspect``). Both are left out of the
+  bytes when None, so manifests without them encode exactly as before they existed.
 
 Invariants (checked whenever a Manifest is built, hence on every decode):
 
@@ -34,6 +37,7 @@ invariant.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import re
 import struct
@@ -143,6 +147,25 @@ class Intent:
 
 
 @dataclass(frozen=True)
+class WriterStatus:
+    """What the name's writer held only in memory when it made a commit (shown by the CLI).
+
+    ``unpersisted``: indexes not yet in a durable snapshot (mutable bucket, direct adds, buckets
+    being written or kept in memory after a failed write); ``memory_mode_buckets``: sealed
+    buckets whose snapshot write failed; ``as_of_ms``: the writer's clock at the commit.
+    """
+
+    unpersisted: int
+    memory_mode_buckets: int
+    as_of_ms: int
+
+    def __post_init__(self) -> None:
+        _check_int(self.unpersisted, "writer_status unpersisted")
+        _check_int(self.memory_mode_buckets, "writer_status memory_mode_buckets")
+        _check_int(self.as_of_ms, "writer_status as_of_ms")
+
+
+@dataclass(frozen=True)
 class Manifest:
     """One name's live buckets, pending intents and dead letters, at a commit ``version``."""
 
@@ -154,6 +177,8 @@ class Manifest:
     #: The owner's last acknowledged position ``(ledger, entry)``, persisted with its commits;
     #: positions at or below it are never delivered again, even after a reopen.
     mark_delete: tuple[int, int] | None = None
+    #: The writer's in-memory state at this commit (informational; absent in older manifests).
+    writer_status: WriterStatus | None = None
     _live: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -163,6 +188,8 @@ class Manifest:
                 raise TypeError("mark_delete must be a (ledger_id, entry_id) tuple or None")
             _check_int(self.mark_delete[0], "mark_delete ledger_id")
             _check_int(self.mark_delete[1], "mark_delete entry_id", 0, 2**32 - 1)
+        if self.writer_status is not None and not isinstance(self.writer_status, WriterStatus):
+            raise TypeError("writer_status must be a WriterStatus or None")
         _check_int(self.version, "version", 0)
         for what, items, cls in (
             ("buckets", self.buckets, BucketRecord),
@@ -307,6 +334,8 @@ def encode_manifest(manifest: Manifest) -> bytes:
     }
     if manifest.mark_delete is not None:  # absent otherwise: older manifests stay byte-identical
         document["mark_delete"] = list(manifest.mark_delete)
+    if manifest.writer_status is not None:  # likewise
+        document["writer_status"] = dataclasses.asdict(manifest.writer_status)
     payload = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
     head = _HEAD.pack(MANIFEST_MAGIC, MANIFEST_FORMAT, len(payload))
     return head + _CRC.pack(mmh3.hash(head + payload, CHECKSUM_SEED, signed=False)) + payload
@@ -333,6 +362,7 @@ _INTENT_KEYS = frozenset(
         "last_error",
     )
 )
+_STATUS_KEYS = frozenset(("unpersisted", "memory_mode_buckets", "as_of_ms"))
 _MANIFEST_KEYS = frozenset(("name", "version", "buckets", "intents", "dead_letters"))
 
 
@@ -377,11 +407,15 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
     try:
         document = json.loads(payload)
         mark = None
+        status = None
         if isinstance(document, dict) and "mark_delete" in document:
             document = dict(document)
             mark = _list(document.pop("mark_delete"), "mark_delete")
             if len(mark) != 2:
                 raise ValueError("mark_delete must be [ledger_id, entry_id]")
+        if isinstance(document, dict) and "writer_status" in document:
+            document = dict(document)
+            status = WriterStatus(**_fields(document.pop("writer_status"), _STATUS_KEYS, "status"))
         f = _fields(document, _MANIFEST_KEYS, "manifest")
         buckets = []
         for obj in _list(f["buckets"], "buckets"):
@@ -403,6 +437,7 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
             intents=tuple(_intent_from(i) for i in _list(f["intents"], "intents")),
             dead_letters=tuple(_intent_from(d) for d in _list(f["dead_letters"], "dead_letters")),
             mark_delete=None if mark is None else (mark[0], mark[1]),
+            writer_status=status,
         )
     except (ValueError, TypeError) as exc:  # json.JSONDecodeError and UnicodeDecodeError included
         raise SnapshotCorruptError(f"{where}: invalid manifest: {exc}") from None

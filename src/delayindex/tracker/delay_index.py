@@ -13,7 +13,13 @@ snapshot creation and deletion), a clock, a timer and a background executor:
   the snapshot is durable, the data leaves memory: a *placeholder* (the min deliver time of the
   segment holding the first undelivered index) stands for it until it comes due. If the create
   fails after its retries, the bucket stays in memory ("memory mode"), deliverable and counted
-  as unpersisted.
+  as unpersisted, and its write is retried after ``delete_retry_delay_ms`` (doubling).
+* **Group commit**: snapshot creates and deletes queue for one *persist job*, which takes up to
+  ``group_commit_max_ops`` of them (creates until their snapshots hold
+  ``group_commit_max_bytes``), waiting up to ``group_commit_max_delay_ms`` for a batch to fill
+  when a thread can add meanwhile, and makes the whole batch durable with two manifest writes
+  (``Catalog.apply_batch``). A change is acknowledged (the bucket becomes durable, or leaves the
+  manifest) only after the write that makes it durable, and in the order the changes were made.
 * **Load**: ``poll`` stops at a due placeholder; the driver reads the next segments (up to
   ``LOAD_BATCH_INDEXES``; the only load in flight, under the lock) and resumes. A failed load
   changes nothing; the next ``poll`` retries it.
@@ -26,8 +32,9 @@ snapshot creation and deletion), a clock, a timer and a background executor:
 * **Trim and delete**: ``set_mark_delete`` untracks positions at or below the mark (persisted in
   the manifest with its next commit and on close); buckets wholly below the mark ledger whose
   create succeeded are deleted with all their ledgers untracked, as are exhausted buckets (their
-  last segment consumed), through the catalog's two-phase delete. Failed deletes are retried on
-  ``poll`` once their backoff (on the index's clock) runs out, then dead-lettered.
+  last segment consumed), through the catalog's two-phase delete (batched by group commit).
+  Failed deletes are retried on ``poll`` once their backoff (on the index's clock) runs out,
+  then dead-lettered.
 * **Recovery** (:meth:`DelayIndex.open`): the catalog repairs the manifest's intents; each live
   bucket's metadata is read, fully due segments are skipped, the bitmaps of the rest restored and
   its first live segment loaded; the persisted mark is applied. Everything is read before
@@ -47,7 +54,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -70,7 +77,7 @@ from delayindex.model import MAX_ENTRY_ID, MAX_TIME, Position
 from delayindex.snapshot.format import PreparedSegments, SnapshotMetadata, build_snapshot
 from delayindex.storage.base import SnapshotStorage
 from delayindex.storage.catalog import Catalog
-from delayindex.storage.manifest import BucketRecord
+from delayindex.storage.manifest import BucketRecord, WriterStatus
 from delayindex.timers import ArmingRule, Timer
 from delayindex.tracker._front import TrackerFront
 from delayindex.tracker.in_memory import _ClosedCore, _diagnose, as_int64_array
@@ -150,6 +157,19 @@ class _Bucket:
             self.start, self.end, self.num_segments, self.current, self.num_messages,
             self.snapshot_id, self.snapshot_bytes, state,
         )  # fmt: skip
+
+
+@dataclass
+class _PendingCreate:
+    """A sealed bucket waiting for its snapshot write (its unsorted copy of the indexes)."""
+
+    bucket: _Bucket
+    times: Int64Array
+    ledgers: Int64Array
+    entries: Int64Array
+    epoch: int
+    enqueued: float = field(default_factory=time.monotonic)
+    attempts: int = 0
 
 
 class _OpStats:
@@ -292,6 +312,9 @@ class DelayIndex(TrackerFront):
         self._executor: Executor = executor or ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"delayindex-{self._name}"
         )
+        # Jobs of a synchronous executor run on the caller's thread: waiting in one for more
+        # changes to arrive would only stall the caller.
+        self._synchronous = bool(getattr(self._executor, "synchronous", False))
         self._buckets: dict[int, _Bucket] = {}
         self._next_sid = 0
         self._queued: list[Callable[[], None]] = []
@@ -299,6 +322,17 @@ class DelayIndex(TrackerFront):
         self._inflight_lock = threading.Lock()
         self._merge_in_flight = False
         self._retry_queued = False
+        # Group commit: changes wait here for the persist job, which makes a batch of them
+        # durable with two manifest writes; failed ones wait in _deferred_* for their backoff.
+        self._persist_creates: deque[_PendingCreate] = deque()
+        self._persist_deletes: deque[str] = deque()
+        self._persist_scheduled = False
+        self._persist_wakeup = threading.Condition(self._lock)
+        self._flushing = 0
+        self._deferred_creates: list[_PendingCreate] = []
+        self._deferred_deletes: list[str] = []
+        self._deferred_at = MAX_TIME
+        self._group = {"batches": 0, "creates": 0, "deletes": 0, "manifest_writes": 0}
         self._mark: tuple[int, int] | None = None
         self._epoch = 0
         self._closed = False
@@ -431,7 +465,7 @@ class DelayIndex(TrackerFront):
                 bucket.next_time(first),
             )  # fmt: skip
         for snapshot_id in drop:
-            self._queue(lambda s=snapshot_id: self._delete_job(s))  # type: ignore[misc]
+            self._request_delete(snapshot_id)
         mark = self._catalog.manifest.mark_delete
         if mark is not None:  # acknowledged before the restart: never delivered again
             self._mark = mark
@@ -587,8 +621,8 @@ class DelayIndex(TrackerFront):
         bucket = _Bucket(sid, start, end, len(times))
         self._buckets[sid] = bucket
         self._core.add_range(start, end)
-        epoch = self._epoch
-        self._queue(lambda: self._create_job(bucket, times, ledgers, entries, epoch))
+        self._persist_creates.append(_PendingCreate(bucket, times, ledgers, entries, self._epoch))
+        self._schedule_persist()
         self._maybe_merge()
 
     # -- background jobs ---------------------------------------------------------------------------
@@ -607,37 +641,167 @@ class DelayIndex(TrackerFront):
             validate=False,  # positions come from the dedup index: distinct by construction
         )
 
-    def _create_job(
-        self,
-        bucket: _Bucket,
-        times: Int64Array,
-        ledgers: Int64Array,
-        entries: Int64Array,
-        epoch: int,
-    ) -> None:
-        started = time.perf_counter()
-        try:
-            metadata, segments = self._build(times, ledgers, entries, bucket.start, bucket.end)
-            record = self._catalog.create_bucket(metadata, segments)
-        except (StorageError, ManifestConflictError, SnapshotCorruptError, ValueError) as exc:
-            with self._lock:
-                self._ops["create"].record(False, started)
-                self._warnings.append(
-                    f"create of bucket [{bucket.start}, {bucket.end}] failed; kept in memory: {exc}"
-                )
-                if self._buckets.get(bucket.sid) is bucket:
-                    bucket.state = "memory"
-                    if bucket.exhausted:
-                        self._drop_bucket(bucket)
+    def _schedule_persist(self) -> None:
+        """Make sure a persist job will run for the queued changes (lock held)."""
+        if not self._persist_scheduled:
+            self._persist_scheduled = True
+            self._queue(self._persist_job)
+        elif len(self._persist_creates) + len(self._persist_deletes) >= (
+            self._config.group_commit_max_ops
+        ):
+            self._persist_wakeup.notify()  # a full batch: stop waiting for more
+
+    def _request_delete(self, snapshot_id: str) -> None:
+        """Queue the two-phase delete of a snapshot with the next group commit (lock held)."""
+        self._persist_deletes.append(snapshot_id)
+        self._schedule_persist()
+
+    def _await_batch(self) -> None:
+        """Wait (lock held, released while waiting) until the batch is full, the oldest change
+        has waited ``group_commit_max_delay_ms``, or someone flushes or closes."""
+        config = self._config
+        if self._synchronous or config.group_commit_max_delay_ms <= 0:
             return
-        with self._lock:
-            self._ops["create"].record(True, started)
-            if self._closed or epoch != self._epoch or self._buckets.get(bucket.sid) is not bucket:
-                # Cleared (or trimmed away) while being written: the snapshot is garbage.
-                self._queue(lambda: self._delete_job(record.snapshot_id))
+        oldest = self._persist_creates[0].enqueued if self._persist_creates else time.monotonic()
+        deadline = oldest + config.group_commit_max_delay_ms / 1000.0
+        while (
+            len(self._persist_creates) + len(self._persist_deletes) < config.group_commit_max_ops
+            and not self._flushing
+            and not self._closed
+        ):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 return
-            self._make_durable(bucket, record, metadata)
-            self._settle(bucket, segments)
+            self._persist_wakeup.wait(remaining)
+
+    def _take_batch(self) -> tuple[list[_PendingCreate], list[str]]:
+        """Pop the next batch's changes in arrival order (lock held)."""
+        limit = self._config.group_commit_max_ops
+        deletes: list[str] = []
+        while self._persist_deletes and len(deletes) < limit:
+            deletes.append(self._persist_deletes.popleft())
+        creates: list[_PendingCreate] = []
+        while self._persist_creates and len(creates) + len(deletes) < limit:
+            item = self._persist_creates.popleft()
+            if item.epoch == self._epoch and self._buckets.get(item.bucket.sid) is item.bucket:
+                item.bucket.state = "creating"
+                creates.append(item)  # else: cleared (or dropped) before it was written
+        return creates, deletes
+
+    def _build_batch(
+        self, creates: list[_PendingCreate]
+    ) -> tuple[list[_PendingCreate], list[tuple[SnapshotMetadata, PreparedSegments]]]:
+        """Sort, cut and encode each create until the batch holds ``group_commit_max_bytes``;
+        the rest go back to the front of the queue. Returns what to write; builds that fail
+        (a bug, or bad settings) put their bucket in memory mode."""
+        kept: list[_PendingCreate] = []
+        built: list[tuple[SnapshotMetadata, PreparedSegments]] = []
+        size = 0
+        for i, item in enumerate(creates):
+            if built and size >= self._config.group_commit_max_bytes:
+                with self._lock:
+                    self._persist_creates.extendleft(reversed(creates[i:]))
+                break
+            b = item.bucket
+            try:
+                metadata, segments = self._build(item.times, item.ledgers, item.entries,
+                                                 b.start, b.end)  # fmt: skip
+            except ValueError as exc:
+                with self._lock:
+                    self._create_failed(item, exc)
+                continue
+            size += sum(len(p) for p in segments.packed)
+            kept.append(item)
+            built.append((metadata, segments))
+        return kept, built
+
+    def _persist_job(self) -> None:
+        """Group commit: write a batch of snapshot creates and deletes with two manifest writes,
+        then acknowledge each change (in order) now that it is durable."""
+        with self._lock:
+            self._await_batch()
+            creates, deletes = self._take_batch()
+            status = WriterStatus(
+                self._unpersisted(),
+                sum(b.state == "memory" for b in self._buckets.values()),
+                max(self._now(), 0),
+            )
+        self._catalog.note_writer_status(status)
+        started = time.perf_counter()
+        creates, built = self._build_batch(creates)
+        outcomes: tuple[BucketRecord | Exception, ...]
+        try:
+            result = self._catalog.apply_batch(built, deletes)
+            outcomes, done, commits = result.created, result.deleted, result.commits
+        except (StorageError, ManifestConflictError, ValueError) as exc:
+            outcomes, done, commits = tuple(exc for _ in creates), tuple(False for _ in deletes), 0
+            failed_batch: Exception | None = exc
+        else:
+            failed_batch = None
+        with self._lock:
+            self._group["batches"] += 1
+            self._group["creates"] += len(creates)
+            self._group["deletes"] += len(deletes)
+            self._group["manifest_writes"] += commits
+            for item, (metadata, segments), outcome in zip(creates, built, outcomes, strict=True):
+                if isinstance(outcome, Exception):
+                    self._create_failed(item, outcome)
+                else:
+                    self._create_succeeded(item, outcome, metadata, segments, started)
+            for snapshot_id, ok in zip(deletes, done, strict=True):
+                self._ops["delete"].record(ok, started)
+                if ok:
+                    continue
+                if self._catalog.manifest.bucket(snapshot_id) is not None:
+                    # Still live: the batch failed before deciding it. Retry after the backoff.
+                    self._defer(self._deferred_deletes, snapshot_id)
+                else:  # a pending intent now: the catalog's retries own it
+                    self._warnings.append(f"delete of {snapshot_id!r} failed; will retry")
+            if failed_batch is not None:
+                self._warnings.append(f"a group commit failed; retried later: {failed_batch}")
+            self._persist_scheduled = False
+            if self._persist_creates or self._persist_deletes:
+                self._schedule_persist()
+
+    def _defer(self, queue: list[Any], item: Any) -> None:
+        """Keep a failed change for a retry after the backoff, on the index's clock (lock held)."""
+        queue.append(item)
+        attempts = item.attempts if isinstance(item, _PendingCreate) else 1
+        delay = self._config.delete_retry_delay_ms * min(2 ** max(attempts - 1, 0), 64)
+        self._deferred_at = min(self._deferred_at, max(self._now(), 0) + delay)
+
+    def _create_failed(self, item: _PendingCreate, exc: BaseException) -> None:
+        """A snapshot write failed: the bucket stays in memory and is retried later."""
+        bucket = item.bucket
+        self._ops["create"].record(False, time.perf_counter())
+        self._warnings.append(
+            f"create of bucket [{bucket.start}, {bucket.end}] failed; kept in memory: {exc}"
+        )
+        if self._buckets.get(bucket.sid) is not bucket:
+            return
+        bucket.state = "memory"
+        if bucket.exhausted:
+            self._drop_bucket(bucket)
+            return
+        item.attempts += 1
+        self._defer(self._deferred_creates, item)
+
+    def _create_succeeded(
+        self,
+        item: _PendingCreate,
+        record: BucketRecord,
+        metadata: SnapshotMetadata,
+        segments: PreparedSegments,
+        started: float,
+    ) -> None:
+        bucket = item.bucket
+        self._ops["create"].record(True, started)
+        if self._closed or item.epoch != self._epoch or self._buckets.get(bucket.sid) is not bucket:
+            # Cleared (or trimmed away) while being written: the snapshot is garbage.
+            self._request_delete(record.snapshot_id)
+            return
+        self._make_durable(bucket, record, metadata)
+        self._settle(bucket, segments)
 
     def _settle(self, bucket: _Bucket, segments: PreparedSegments) -> None:
         """A bucket whose snapshot just became durable: drop its data from memory.
@@ -676,7 +840,7 @@ class DelayIndex(TrackerFront):
         snapshot_id = bucket.snapshot_id
         self._drop_bucket(bucket)
         if snapshot_id is not None:
-            self._queue(lambda: self._delete_job(snapshot_id))
+            self._request_delete(snapshot_id)
 
     def _drop_bucket(self, bucket: _Bucket, *, keep_range: bool = False) -> None:
         core = self._core
@@ -692,27 +856,22 @@ class DelayIndex(TrackerFront):
         for b in sources:
             self._core.add_range(b.start, b.end)
 
-    def _delete_job(self, snapshot_id: str) -> None:
-        started = time.perf_counter()
-        try:
-            if self._catalog.manifest.bucket(snapshot_id) is not None:
-                done = self._catalog.delete_bucket(snapshot_id)
-            else:  # not live: finish a pending delete intent, if any
-                self._catalog.retry_pending_deletes(force=True)
-                done = self._catalog.manifest.intent(snapshot_id) is None
-        except (StorageError, ManifestConflictError, ValueError) as exc:
-            done = False
-            with self._lock:
-                self._warnings.append(f"delete of {snapshot_id!r} failed: {exc}")
-        with self._lock:
-            self._ops["delete"].record(done, started)
-
     def _maybe_retry_deletes(self, now: int) -> None:
         """Queue a retry of the failed deletes whose backoff has run out (lock held).
 
         Driven by the index's clock: deletes that failed wait ``delete_retry_delay_ms`` (doubling
         per failure) and move to the dead letters after ``max_delete_attempts``.
         """
+        if self._deferred_at <= now:
+            self._deferred_at = MAX_TIME
+            for item in self._deferred_creates:
+                if self._buckets.get(item.bucket.sid) is item.bucket and item.epoch == self._epoch:
+                    item.enqueued = time.monotonic()
+                    self._persist_creates.append(item)
+            self._persist_deletes.extend(self._deferred_deletes)
+            self._deferred_creates, self._deferred_deletes = [], []
+            if self._persist_creates or self._persist_deletes:
+                self._schedule_persist()
         if self._retry_queued:
             return
         due = [i.next_attempt_ms for i in self._catalog.manifest.intents if i.kind == "delete"]
@@ -831,7 +990,7 @@ class DelayIndex(TrackerFront):
                         self._retire(b)
                 return
             if self._closed or epoch != self._epoch:
-                self._queue(lambda: self._delete_job(record.snapshot_id))
+                self._request_delete(record.snapshot_id)
                 return
             for b in sources:  # the catalog already deleted their snapshots
                 self._drop_bucket(b, keep_range=True)  # the merged range is registered
@@ -876,7 +1035,7 @@ class DelayIndex(TrackerFront):
                 extra.extend(self._core.poll(want - len(out) - len(extra), now))
             for sid in self._core.take_exhausted():
                 self._exhaust(sid)
-            if self._catalog.manifest.intents:
+            if self._catalog.manifest.intents or self._deferred_at <= now:
                 self._maybe_retry_deletes(now)
             self._rearm(now)
         if self._queued:
@@ -1012,21 +1171,30 @@ class DelayIndex(TrackerFront):
     def flush(self) -> None:
         """Block until every snapshot create, merge and delete started so far has finished.
 
+        A group commit waiting for more changes is written at once. Changes that failed and
+        wait for their retry backoff are not retried by ``flush`` (see :meth:`stats`).
         Then returns the memory their temporaries freed to the OS (see ``delayindex._memory``).
         """
-        while True:
-            with self._inflight_lock:
-                pending = list(self._inflight)
-            if not pending:
-                with self._lock:
-                    queued = bool(self._queued)
-                if not queued:
-                    release_free_memory()
-                    return
-                self._submit_queued_from_job()
-                continue
-            for future in pending:
-                future.result()
+        with self._lock:
+            self._flushing += 1
+            self._persist_wakeup.notify_all()
+        try:
+            while True:
+                with self._inflight_lock:
+                    pending = list(self._inflight)
+                if not pending:
+                    with self._lock:
+                        queued = bool(self._queued)
+                    if not queued:
+                        release_free_memory()
+                        return
+                    self._submit_queued_from_job()
+                    continue
+                for future in pending:
+                    future.result()
+        finally:
+            with self._lock:
+                self._flushing -= 1
 
     def unpersisted(self) -> int:
         """Indexes that live only in memory: the mutable bucket, direct adds, unwritten buckets."""
@@ -1082,6 +1250,12 @@ class DelayIndex(TrackerFront):
                 memory_mode_buckets=states.count("memory"),
                 creating_buckets=states.count("creating"),
                 merge_in_flight=self._merge_in_flight,
+                group_commit=dict(self._group),
+                awaiting_retry={
+                    "creates": len(self._deferred_creates),
+                    "deletes": len(self._deferred_deletes),
+                    "at_ms": None if self._deferred_at == MAX_TIME else self._deferred_at,
+                },
                 snapshot_bytes=sum(b.snapshot_bytes for b in self._buckets.values()),
                 unpersisted=self._unpersisted(),
                 blocked_on_persistence=self._config.pause_on_unpersisted
@@ -1114,6 +1288,8 @@ class DelayIndex(TrackerFront):
             self._epoch += 1
             self._core.clear()
             self._buckets.clear()
+            self._persist_creates.clear()
+            self._deferred_creates.clear()
             self._merge_in_flight = False
             self._mark = None
             self._catalog.note_mark_delete(None)
