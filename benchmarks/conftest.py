@@ -319,6 +319,15 @@ def summary_lines(benchmarks: list[dict[str, Any]]) -> list[str]:
             lines.append(f"{group}: " + _codec_line(members))
         elif all("max_add_ms" in b["extra_info"] for b in members):
             lines.append(f"{group}: " + _latency_line(members))
+        elif all("manifest_writes_per_seal" in b["extra_info"] for b in members):
+            lines.append(
+                f"{group}: manifest writes per seal: "
+                + ", ".join(
+                    f"{_label(b)} {b['extra_info']['manifest_writes_per_seal']} "
+                    f"({b['extra_info']['batches']} batches, {_format_seconds(b['min'])})"
+                    for b in members
+                )
+            )
         elif all("rss_bytes_per_msg" in b["extra_info"] for b in members):
             lines.append(f"{group}: " + _memory_line(baselines, others))
         elif len(baselines) == 1:
