@@ -120,3 +120,28 @@ def test_clear_persists_the_mark_reset_at_once() -> None:
         index.clear()  # nothing to delete: no other commit would carry the reset
         assert storage.read_manifest("dur").mark_delete is None
         assert index.mark_delete is None
+
+
+def test_backpressure_clears_when_the_failed_write_is_retried() -> None:
+    clock, storage = ManualClock(T0), MemoryStorage()
+    with _open(
+        storage,
+        clock,
+        min_index_count_per_bucket=2,
+        pause_on_unpersisted=True,
+        max_unpersisted_indexes=2,
+        fixed_delay_lookahead=0,
+        delete_retry_delay_ms=1_000,
+    ) as index:
+        storage.inject_failure("create", times=4)
+        for ledger, entry in [(1, 0), (1, 1), (2, 0)]:  # (2, 0) seals [1, 1]: its create fails
+            assert index.add(ledger, entry, DUE)
+        assert index.should_pause_all_deliveries() and index.unpersisted() == 3
+        clock.advance(1_000)  # the retry's backoff is over; nothing is due yet
+        assert index.poll(10) == []
+        assert index.stats()["memory_mode_buckets"] == 0
+        assert index.unpersisted() == 1  # only the mutable bucket's (2, 0)
+        assert not index.should_pause_all_deliveries()
+        assert index.stats()["blocked_on_persistence"] is False
+        status = storage.read_manifest("dur").writer_status
+        assert status is not None and status.unpersisted == 3  # as of the retry's commit
