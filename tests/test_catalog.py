@@ -26,6 +26,7 @@ import pytest
 
 from delayindex import ManualClock
 from delayindex.errors import (
+    CommitOutcomeUnknownError,
     ManifestConflictError,
     SnapshotCorruptError,
     StorageError,
@@ -405,15 +406,16 @@ def test_failed_merge_commit_rolls_back_and_keeps_sources(clock: ManualClock) ->
 
     def hook(step: str) -> None:
         if armed[0] and step == "create.object_written":
-            storage.inject_failure("manifest", times=12)  # commit, re-read, rollback all fail
+            # The commit and every re-read after it fail: its outcome is unknown.
+            storage.inject_failure("manifest", times=4 + 4 * 8)
 
     storage, catalog = _memory_catalog(clock, crash_hook=hook)
     a = catalog.create_bucket(*CONTENT[(10, 13)])
     b = catalog.create_bucket(*CONTENT[(20, 23)])
     armed[0] = True
-    with pytest.raises(StorageError) as info:
+    with pytest.raises(CommitOutcomeUnknownError):
         catalog.create_bucket(*CONTENT[(10, 23)], replaces=(a.snapshot_id, b.snapshot_id))
-    assert any("the next open rolls it back" in note for note in info.value.__notes__)
+    assert catalog.stale  # nothing is rolled back blindly: the next change re-reads first
     assert catalog.manifest.live_ids() == {a.snapshot_id, b.snapshot_id}
     assert len(storage.list_objects()) == 3  # the merged object, still referenced by its intent
     assert [i.kind for i in storage.read_manifest(NAME).intents] == ["create"]
@@ -621,8 +623,6 @@ def test_batch_failed_delete_stays_pending() -> None:
 @pytest.mark.parametrize(
     ("creates", "deletes", "match"),
     [
-        ([(10, 13)], [], "overlaps"),  # a live bucket
-        ([(40, 43), (40, 43)], [], "overlaps"),  # each other
         ([], ["A", "A"], "repeats"),
         ([], ["bad/id"], "bad snapshot id"),
     ],
@@ -676,3 +676,66 @@ def test_writer_status_rides_on_commits() -> None:
         assert storage.read_manifest(NAME).writer_status is None  # never committed on its own
         catalog.create_bucket(*CONTENT[(10, 13)])
         assert storage.read_manifest(NAME).writer_status == status
+
+
+def test_batch_overlapping_creates_fail_alone() -> None:
+    storage = MemoryStorage()
+    with Catalog.open(storage, NAME) as catalog:
+        a = catalog.create_bucket(*CONTENT[(10, 13)]).snapshot_id
+        result = catalog.apply_batch([CONTENT[(10, 23)], CONTENT[(40, 43)], CONTENT[(40, 43)]], [])
+        first, second, third = result.created
+        assert isinstance(first, ValueError) and "overlaps" in str(first)  # the live A
+        assert not isinstance(second, Exception)
+        assert isinstance(third, ValueError)  # the create before it in the batch
+        assert catalog.manifest.live_ids() == {a, second.snapshot_id}
+        assert {o.id for o in storage.list_objects()} == catalog.manifest.live_ids()
+
+
+def _lose_acks_at(storage: MemoryStorage, step: str) -> Callable[[str], None]:
+    """A hook that, at ``step``, makes the next commit land with every acknowledgement lost and
+    every re-read after it fail: the commit's outcome is unknown."""
+
+    def hook(seen: str) -> None:
+        if seen == step:
+            storage.inject_failure("manifest", times=4, after=True)
+            storage.inject_failure("manifest", times=4 * 8)
+
+    return hook
+
+
+def test_batch_commit_with_unknown_outcome_is_acknowledged_by_the_retry() -> None:
+    storage = MemoryStorage()
+    catalog = Catalog.open(
+        storage, NAME, crash_hook=_lose_acks_at(storage, "batch.objects_written")
+    )
+    result = catalog.apply_batch([CONTENT[(40, 43)]], [])
+    [outcome] = result.created
+    assert isinstance(outcome, CommitOutcomeUnknownError) and catalog.stale
+    [live] = storage.read_manifest(NAME).buckets  # it did land
+    catalog._crash_hook = None
+    again = catalog.apply_batch([CONTENT[(40, 43)]], [])  # resyncs, then finds it live
+    assert again.created == (live,) and again.commits == 0 and not catalog.stale
+    assert {o.id for o in storage.list_objects()} == {live.snapshot_id}
+    catalog.close()
+
+
+def test_merge_commit_with_unknown_outcome_raises_and_resync_tells() -> None:
+    storage = MemoryStorage()
+    with Catalog.open(storage, NAME) as catalog:
+        a = catalog.create_bucket(*CONTENT[(10, 13)]).snapshot_id
+        b = catalog.create_bucket(*CONTENT[(20, 23)]).snapshot_id
+    catalog = Catalog.open(
+        storage, NAME, crash_hook=_lose_acks_at(storage, "create.object_written")
+    )
+    with pytest.raises(CommitOutcomeUnknownError) as caught:
+        catalog.create_bucket(*CONTENT[(10, 23)], replaces=(a, b))
+    assert a in caught.value.snapshot_ids and b in caught.value.snapshot_ids
+    assert {a, b} <= {o.id for o in storage.list_objects()}  # sources not deleted blindly
+    catalog._crash_hook = None
+    manifest = catalog.resync()
+    [merged] = manifest.buckets
+    assert (merged.start_ledger, merged.end_ledger) == (10, 23)
+    assert {i.snapshot_id for i in manifest.intents} == {a, b}  # now delete intents
+    catalog.retry_pending_deletes(force=True)
+    assert {o.id for o in storage.list_objects()} == {merged.snapshot_id}
+    catalog.close()

@@ -374,3 +374,162 @@ def test_metadata_cache_follows_the_file(store: FileStorage, snap: Snapshot) -> 
     FileStorage(store.root).create(*other, "c")  # same id recreated by another writer
     assert store.get_metadata("c") == other[0]
     assert store.get_segments("c", 1, 9) == other[1]
+
+
+# -- step hook (crash injection) -----------------------------------------------------------------
+
+
+class _StepLog:
+    """A step hook recording ``(step, what is on disk just before it)``."""
+
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+        self.storage: FileStorage | None = None
+        self.seen: list[tuple[str, bool, bool]] = []
+
+    def __call__(self, step: str) -> None:
+        self.steps.append(step)
+        storage = self.storage
+        assert storage is not None
+        # Raw filesystem looks only: the hook must not call back into the storage.
+        obj = storage.object_path("k").exists()
+        manifest = storage.manifest_path("orders").exists()
+        self.seen.append((step, obj, manifest))
+
+
+@pytest.fixture
+def hooked(tmp_path: Path) -> Iterator[tuple[FileStorage, _StepLog]]:
+    log = _StepLog()
+    storage = FileStorage(tmp_path / "store", step_hook=log)
+    log.storage = storage
+    yield storage, log
+    storage.close()
+
+
+OBJECT_STEPS = ["object.write", "object.fsync", "object.link", "object.dirsync"]
+MANIFEST_STEPS = ["manifest.write", "manifest.fsync", "manifest.rename", "manifest.dirsync"]
+
+
+def test_step_hook_sees_create_commit_delete_in_order(
+    hooked: tuple[FileStorage, _StepLog], snap: Snapshot
+) -> None:
+    storage, log = hooked
+    storage.create(*snap, "k")
+    assert log.steps == OBJECT_STEPS
+    # Each step is announced before it happens: the object gets its name at the link.
+    assert [(s, obj) for s, obj, _ in log.seen] == [
+        ("object.write", False),
+        ("object.fsync", False),
+        ("object.link", False),
+        ("object.dirsync", True),
+    ]
+    log.steps.clear()
+    log.seen.clear()
+    storage.commit_manifest("orders", Manifest("orders"))
+    assert log.steps == MANIFEST_STEPS
+    # No manifest file until the rename; it exists when the directory is synced.
+    assert [m for _, _, m in log.seen] == [False, False, False, True]
+    log.steps.clear()
+    log.seen.clear()
+    storage.delete("k")
+    assert [(s, obj) for s, obj, _ in log.seen] == [
+        ("object.delete", True),
+        ("object.delete.dirsync", False),
+    ]
+
+
+def test_reads_and_locks_are_not_steps(
+    hooked: tuple[FileStorage, _StepLog], snap: Snapshot
+) -> None:
+    storage, log = hooked
+    storage.create(*snap, "k")
+    storage.commit_manifest("orders", Manifest("orders"))
+    log.steps.clear()
+    storage.get_metadata("k")
+    storage.get_segments("k", 1, 3)
+    storage.read_manifest("orders")
+    storage.list_objects()
+    storage.length("k")
+    storage.delete("missing")  # deleting nothing still unlinks (a no-op) and syncs the dir
+    with storage.lock("orders"):
+        pass
+    assert log.steps == ["object.delete", "object.delete.dirsync"]
+
+
+def test_without_hard_links_the_hook_sees_the_rename(
+    hooked: tuple[FileStorage, _StepLog], snap: Snapshot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage, log = hooked
+
+    def no_links(src: Any, dst: Any) -> None:
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(os, "link", no_links)
+    storage.create(*snap, "k")
+    # The link is attempted (and refused) before the fallback rename.
+    assert log.steps == ["object.write", "object.fsync", "object.link", "object.rename",
+                         "object.dirsync"]  # fmt: skip
+
+
+def test_an_oserror_from_the_hook_is_a_transient_failure(tmp_path: Path, snap: Snapshot) -> None:
+    steps: list[str] = []
+    failed: list[str] = []
+
+    def flaky(step: str) -> None:
+        steps.append(step)
+        if step == "object.dirsync" and not failed:
+            failed.append(step)
+            raise OSError(errno.EIO, "injected")
+
+    with FileStorage(tmp_path / "store", step_hook=flaky) as storage:
+        storage.create(*snap, "k")
+        # The second attempt finds its own object in place and only syncs the directory.
+        assert steps == [*OBJECT_STEPS, "object.dirsync"]
+        assert storage.stats()["create"] == {"calls": 1, "attempts": 2, "failures": 1, "gave_up": 0}
+        assert storage.get_segments("k", 1, 100) == snap[1]
+        assert os.listdir(storage.tmp_dir) == []
+
+
+def test_a_crash_in_the_hook_leaves_nothing_half_written(tmp_path: Path, snap: Snapshot) -> None:
+    """Dying before each step of a create, in a real child process: the reopened storage has
+    either no object or the complete one, and no temp file."""
+    script = textwrap.dedent(
+        """
+        import os, sys
+        from delayindex.snapshot.format import build_snapshot
+        from delayindex.storage import FileStorage
+        import numpy as np
+
+        def die(step):
+            if step == sys.argv[2]:
+                os._exit(77)
+
+        metadata, segments = build_snapshot(
+            np.arange(50), np.full(50, 3), np.arange(50),
+            max_time_step_ms=10, max_indexes_per_segment=8,
+        )
+        FileStorage(sys.argv[1], step_hook=die).create(metadata, segments, "k")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": SRC}
+    for i, step in enumerate(OBJECT_STEPS):
+        root = tmp_path / f"s{i}"
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(root), step],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 77, done.stderr
+        assert os.listdir(root / "tmp") != [] or step == "object.dirsync"
+        storage = FileStorage(root)  # removes the dead writer's temp file
+        assert os.listdir(storage.tmp_dir) == []
+        ids = [o.id for o in storage.list_objects()]
+        assert ids == (["k"] if step == "object.dirsync" else [])
+        if ids:
+            assert storage.get_metadata("k").num_messages == 50
+        storage.close()
+
+
+def test_step_hook_must_be_callable(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="step_hook"):
+        FileStorage(tmp_path / "store", step_hook="object.write")  # type: ignore[arg-type]
+    assert not (tmp_path / "store").exists()  # refused before anything was created

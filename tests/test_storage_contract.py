@@ -382,6 +382,59 @@ def test_corrupt_manifest_is_reported_and_not_overwritten(backend: Backend) -> N
         storage.read_manifest("orders")
 
 
+def test_list_manifests_names_every_committed_manifest_sorted(backend: Backend) -> None:
+    storage = backend.storage
+    assert storage.list_manifests() == []
+    storage.read_manifest("never")  # reading a missing manifest does not create one
+    with storage.lock("locked-only"):  # neither does taking a name's lock
+        assert storage.list_manifests() == []
+    for name in ("orders", "b.x", "Zed", "a-1"):
+        storage.commit_manifest(name, _manifest(name))
+    v2 = storage.commit_manifest("orders", storage.read_manifest("orders"))
+    assert v2.version == 2
+    assert storage.list_manifests() == sorted(["orders", "b.x", "Zed", "a-1"])
+    # A damaged manifest is still listed: listing names does not decode anything.
+    backend.plant_manifest("a-1", b"junk")
+    assert storage.list_manifests() == ["Zed", "a-1", "b.x", "orders"]
+    assert storage.stats()["list_manifests"]["calls"] == 4
+    storage.close()
+    with pytest.raises(ValueError, match="closed"):
+        storage.list_manifests()
+
+
+def test_file_list_manifests_ignores_foreign_files(tmp_path: Path) -> None:
+    storage = FileStorage(tmp_path / "store")
+    storage.commit_manifest("orders", _manifest())
+    for junk in (".hidden.manifest", "notes.txt", "orders.manifest.bak", "a b.manifest"):
+        (storage.manifests_dir / junk).write_bytes(b"x")
+    (storage.manifests_dir / "dir.manifest").mkdir()
+    assert storage.list_manifests() == ["orders"]
+
+
+def test_file_list_manifests_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    storage = FileStorage(tmp_path / "store")
+    storage.commit_manifest("orders", _manifest())
+    real, left = os.scandir, [MAX_ATTEMPTS - 1]
+
+    def flaky(path: Any) -> Any:
+        if left[0]:
+            left[0] -= 1
+            raise OSError(errno.EIO, "test: scandir failed")
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", flaky)
+    assert storage.list_manifests() == ["orders"]
+    assert storage.stats()["list_manifests"] == {
+        "calls": 1,
+        "attempts": 4,
+        "failures": 3,
+        "gave_up": 0,
+    }
+    left[0] = MAX_ATTEMPTS
+    with pytest.raises(StorageError, match=r"^list_manifests of '\*' failed after 4 attempts"):
+        storage.list_manifests()
+
+
 # -- locks ---------------------------------------------------------------------------------------
 
 

@@ -1,25 +1,77 @@
-"""The ``delayindex`` command line.
+"""The ``delayindex`` command line: ``demo``, ``inspect`` and ``gc``.
 
-Exit codes: 0 success; 1 a check failed (the demo found a lost, duplicated or early delivery);
-2 bad usage.
+* ``delayindex demo``: a dispatcher simulation that verifies every delivery.
+* ``delayindex inspect --store PATH [--name N]... [--json]``: per name, the live buckets (ledger
+  range, segments, messages, bytes, the segment recovery would load and the next delivery time),
+  pending intents, dead letters, the persisted mark-delete position, the writer's last reported
+  unpersisted counts and whether a writer holds the name (``delayindex.storeinfo``). Read-only.
+* ``delayindex gc --store PATH [--grace 10m] [--delete] [--retry-dead-letters]``: objects no
+  manifest references, unfinished intents and dead letters (``delayindex.gc``). A dry run unless
+  ``--delete``; never touches an object younger than the grace period or one any manifest
+  references.
+
+``--store`` is a FileStorage directory; it must exist (it is never created). ``--json`` prints
+one JSON document on stdout (keys documented in the README; tables and progress bars are for
+humans and go to stdout and stderr respectively).
+
+Grace periods (``--grace``): ``0``, or a whole number with a unit: ``ms``, ``s``, ``m``, ``h``,
+``d`` (``500ms``, ``30s``, ``10m``, ``2h``, ``1d``). A bare number other than 0 is refused, so
+that ``--grace 600`` cannot silently mean 600 ms. Default ``10m``.
+
+Exit codes:
+
+====  =======================================================================================
+0     success; for ``inspect``/``gc``: nothing wrong, nothing left to collect
+1     a check found problems: the demo found a lost, duplicated or early delivery; ``gc`` (dry
+      run) found garbage or unfinished intents, or could not delete something; dead letters
+      remain; ``inspect`` found a missing or unreadable snapshot
+2     bad usage: bad arguments, a store directory that does not exist, an unknown ``--name``
+3     store error: a damaged manifest (``gc`` then deletes nothing), an I/O failure
+====  =======================================================================================
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import re
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from delayindex import __version__
+from delayindex.errors import DelayIndexError
+from delayindex.storage.file import FileStorage
+from delayindex.storage.manifest import validate_key
+
+if TYPE_CHECKING:
+    from delayindex.gc import GcReport, Orphan
+    from delayindex.storeinfo import NameInfo, PendingIntent, StoreInfo
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
+EXIT_STORE_ERROR = 3
+EXIT_CODES_HELP = (
+    "Exit codes: 0 ok (nothing wrong, nothing left to collect); 1 a check found problems; "
+    "2 usage error (bad arguments, missing store, unknown name); 3 store error (damaged "
+    "manifest, I/O failure)."
+)
+#: Milliseconds per ``--grace`` unit.
+GRACE_UNITS: dict[str, int] = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_GRACE = re.compile(r"(\d+)(ms|s|m|h|d)")
+#: Rows of orphan tables shown to humans (JSON lists every one).
+MAX_ROWS = 50
 
 
 def _int_at_least(minimum: int) -> Callable[[str], int]:
@@ -37,11 +89,37 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def parse_grace(text: str) -> int:
+    """A ``--grace`` value in milliseconds: ``0`` or a whole number with a unit (module docs).
+
+    Raises:
+        argparse.ArgumentTypeError: anything else (argparse turns it into a usage error).
+    """
+    text = text.strip()
+    if text == "0":
+        return 0
+    match = _GRACE.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"bad grace period {text!r}: use 0 or a whole number with a unit, "
+            "one of ms, s, m, h, d (e.g. 30s, 10m, 2h, 1d)"
+        )
+    return int(match.group(1)) * GRACE_UNITS[match.group(2)]
+
+
+def _name(text: str) -> str:
+    """An argparse type: a manifest name (KEY_PATTERN)."""
+    try:
+        return validate_key(text, "name")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     parser = argparse.ArgumentParser(
         prog="delayindex",
-        description="Delayed-message index tools. Exit codes: 0 ok, 1 check failed, 2 usage.",
+        description=f"Delayed-message index tools. {EXIT_CODES_HELP}",
     )
     parser.add_argument("--version", action="version", version=f"delayindex {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -58,6 +136,69 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--strict", action="store_true", help="never deliver before deliver_at")
     demo.add_argument("--json", action="store_true", help="print the result as JSON")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    inspect = sub.add_parser(
+        "inspect",
+        help="show what a store holds: buckets, intents, dead letters, unpersisted counts",
+        description="Show, per name, the live buckets as recovery would see them now (ledger "
+        "range, segments, messages, bytes, the segment it would load and the next delivery "
+        "time), pending intents, dead letters, the mark-delete position, the writer's "
+        "unpersisted counts and whether a writer holds the name. Read-only: takes no lock. "
+        + EXIT_CODES_HELP,
+        epilog="Exit 1: a snapshot is missing or unreadable, or dead letters remain.",
+    )
+    inspect.add_argument("--store", required=True, type=Path, help="FileStorage directory")
+    inspect.add_argument(
+        "--name", type=_name, action="append", help="only this name (repeatable; default: all)"
+    )
+    inspect.add_argument("--json", action="store_true", help="print the report as JSON")
+    inspect.add_argument(
+        "--now-ms",
+        type=_int_at_least(0),
+        default=None,
+        help="evaluate due segments at this epoch-ms time (default: now)",
+    )
+    inspect.add_argument(
+        "--tick-ms",
+        type=_int_at_least(0),
+        default=0,
+        help="the writer's tick: recovery's cutoff is now + tick (default 0: strict)",
+    )
+
+    gc = sub.add_parser(
+        "gc",
+        help="find (and with --delete remove) objects no manifest references; resume intents",
+        description="Find objects that no manifest references (left by older versions, foreign "
+        "writers or lost intents), names with unfinished intents and dead letters. A dry run "
+        "unless --delete. Never touches an object younger than the grace period or one any "
+        "manifest references; a damaged manifest makes gc delete nothing. Intents are resumed "
+        "by opening the name's catalog; a name whose writer is running is skipped. "
+        + EXIT_CODES_HELP,
+        epilog="Exit 1: a dry run found something to collect, a delete failed, or dead letters "
+        "remain. Grace: 0 or a whole number with a unit ms, s, m, h, d.",
+    )
+    gc.add_argument("--store", required=True, type=Path, help="FileStorage directory")
+    gc.add_argument(
+        "--name",
+        type=_name,
+        action="append",
+        help="resume intents of this name only (repeatable); orphans are always store-wide",
+    )
+    gc.add_argument(
+        "--grace",
+        type=parse_grace,
+        default=parse_grace("10m"),
+        metavar="DURATION",
+        help="keep unreferenced objects younger than this (default 10m; e.g. 0, 30s, 2h, 1d)",
+    )
+    gc.add_argument("--delete", action="store_true", help="collect (default: dry run)")
+    gc.add_argument(
+        "--retry-dead-letters",
+        action="store_true",
+        help="with --delete: move dead letters back to pending deletes and retry them",
+    )
+    gc.add_argument("--json", action="store_true", help="print the report as JSON")
+    gc.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return parser
 
 
@@ -127,6 +268,410 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
     return EXIT_CHECK_FAILED
 
 
+# -- inspect and gc: shared helpers ------------------------------------------------------------
+
+
+class _UsageError(Exception):
+    """A usage problem found after parsing (exit 2)."""
+
+
+def _open_store(path: Path) -> FileStorage:
+    """The FileStorage at ``path``, which must already be one (never created here).
+
+    Temp files are left alone (``clean_tmp=False``): inspect and dry runs change nothing.
+    """
+    if not path.exists():
+        raise _UsageError(f"no store at {path}: the directory does not exist")
+    if not path.is_dir():
+        raise _UsageError(f"{path} is not a directory")
+    if not ((path / "objects").is_dir() and (path / "manifests").is_dir()):
+        raise _UsageError(f"{path} is not a delayindex store (no objects/ and manifests/)")
+    return FileStorage(path, clean_tmp=False)
+
+
+def _check_names(storage: FileStorage, names: list[str] | None) -> list[str] | None:
+    if names is None:
+        return None
+    known = set(storage.list_manifests())
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        have = ", ".join(sorted(known)) or "none"
+        raise _UsageError(
+            f"no manifest named {', '.join(unknown)} in {storage.root} (names: {have})"
+        )
+    return list(dict.fromkeys(names))
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _duration(ms: int) -> str:
+    """``1d 2h``, ``3m 5s``, ``10m``, ``250ms``: the two largest non-zero units."""
+    parts: list[str] = []
+    rest = ms // 1000
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60), ("s", 1)):
+        if rest >= size:
+            parts.append(f"{rest // size}{unit}")
+            rest %= size
+    return " ".join(parts[:2]) if parts else f"{ms}ms"
+
+
+def _stamp(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _rel(ms: int | None, now_ms: int, *, due: bool = False) -> str:
+    """How far ``ms`` is from now: ``in 5m 2s``, ``3s ago`` (``due 3s ago`` with ``due``)."""
+    if ms is None:
+        return "-"
+    if ms > now_ms:
+        return f"in {_duration(ms - now_ms)}"
+    return f"{'due ' if due else ''}{_duration(now_ms - ms)} ago"
+
+
+def _when(ms: int | None, now_ms: int, *, due: bool = False) -> str:
+    """An epoch-ms time in UTC, with how far from now it is."""
+    if ms is None:
+        return "-"
+    return f"{_stamp(ms)} ({_rel(ms, now_ms, due=due)})"
+
+
+def _size(n: int) -> str:
+    for unit, size in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _print_json(console: Console, payload: dict[str, Any]) -> None:
+    # Plain print: rich's print_json would re-wrap long strings at the console width.
+    console.out(json.dumps(payload, indent=2, sort_keys=True), highlight=False)
+
+
+@contextmanager
+def _progress(enabled: bool, label: str) -> Iterator[Callable[[str, int, int], None]]:
+    """A transient rich progress bar on stderr, fed by ``callback(phase, done, total)``."""
+    with Progress(
+        TextColumn(f"[bold]{label}"),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=not enabled,
+        transient=True,
+    ) as bar:
+        tasks: dict[str, Any] = {}
+
+        def update(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=total)
+            bar.update(tasks[phase], completed=done, total=total)
+
+        yield update
+
+
+# -- inspect --------------------------------------------------------------------------------------
+
+
+def _inspect_exit(info: StoreInfo) -> int:
+    kinds: set[str] = set()
+    for name in info.names:
+        kinds |= name.error_kinds()
+        if name.error_kind:  # a damaged manifest is a store error whatever its kind
+            kinds.add("io")
+    if "io" in kinds:
+        return EXIT_STORE_ERROR
+    return EXIT_CHECK_FAILED if info.problems() else EXIT_OK
+
+
+def _inspect_json(info: StoreInfo, store: Path, code: int) -> dict[str, Any]:
+    names = []
+    for name in info.names:
+        item = dataclasses.asdict(name)
+        item["writer"] = item.pop("lock")
+        for bucket, raw in zip(item["buckets"], name.buckets, strict=True):
+            bucket["all_due"] = raw.all_due
+        item.update(
+            messages=name.messages,
+            snapshot_bytes=name.snapshot_bytes,
+            being_written=name.being_written,
+            next_delivery_ms=name.next_delivery_ms,
+        )
+        names.append(item)
+    return {
+        "command": "inspect",
+        "store": str(store),
+        "now_ms": info.now_ms,
+        "tick_ms": info.tick_ms,
+        "names": names,
+        "problems": info.problems(),
+        "exit_code": code,
+    }
+
+
+def _writer_text(name: NameInfo) -> str:
+    if name.lock.held is None:
+        return "unknown"
+    if not name.lock.held:
+        return "none"
+    return f"running (pid {name.lock.pid})" if name.lock.pid else "running"
+
+
+def _intent_table(
+    title: str, intents: Sequence[PendingIntent], now_ms: int, *, dead: bool = False
+) -> Table:
+    """Pending intents, or dead letters (``dead``: never retried on their own, so no time)."""
+    table = Table(title=title, title_justify="left")
+    columns = ["kind", "snapshot", "ledgers", "attempts", "next attempt", "last error"]
+    if dead:
+        columns.remove("next attempt")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for i in intents:
+        kind = i.kind if i.messages is None else f"{i.kind} ({i.messages:,} msgs)"
+        cells = [kind, i.snapshot_id, f"{i.start_ledger}-{i.end_ledger}", str(i.attempts)]
+        if not dead:
+            cells.append(_rel(i.next_attempt_ms, now_ms, due=True) if i.attempts else "-")
+        cells.append(escape(i.last_error) or "-")
+        table.add_row(*cells)
+    return table
+
+
+def _inspect_human(console: Console, info: StoreInfo, store: Path) -> None:
+    now = info.now_ms
+    cutoff = "" if not info.tick_ms else f", tick {info.tick_ms} ms"
+    console.print(
+        f"[bold]store[/] {escape(str(store))}   now {_stamp(now)}{cutoff}", soft_wrap=True
+    )
+    if not info.names:
+        console.print("no names (no manifest in this store)")
+    for name in info.names:
+        console.print()
+        console.print(
+            f"[bold]{name.name}[/]  manifest v{name.version}  writer: {_writer_text(name)}",
+            soft_wrap=True,
+        )
+        if name.error:
+            console.print(f"  [red]{escape(name.error)}[/]")
+            continue
+        facts = [
+            f"buckets {len(name.buckets)}",
+            f"messages {name.messages:,}",
+            f"snapshots {_size(name.snapshot_bytes)}",
+            f"next delivery {_when(name.next_delivery_ms, now, due=True)}",
+        ]
+        console.print("  " + "   ".join(facts), soft_wrap=True)
+        mark = "-" if name.mark_delete is None else f"{name.mark_delete[0]}:{name.mark_delete[1]}"
+        status = name.writer_status
+        unpersisted = (
+            "not reported"
+            if status is None
+            else f"{status.unpersisted:,} indexes, {status.memory_mode_buckets} memory-mode "
+            f"buckets (as of {_rel(status.as_of_ms, now)})"
+        )
+        console.print(f"  mark-delete {mark}   unpersisted: {unpersisted}", soft_wrap=True)
+        if name.being_written:
+            console.print(f"  being written: {name.being_written:,} messages", soft_wrap=True)
+        if name.buckets:
+            table = Table(title_justify="left")
+            for column, justify in (
+                ("ledgers", "left"),
+                ("segments", "right"),
+                ("messages", "right"),
+                ("bytes", "right"),
+                ("loaded", "right"),
+                ("next delivery", "left"),
+                ("snapshot", "left"),
+            ):
+                table.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
+            for b in name.buckets:
+                if b.error:
+                    loaded, nxt = "-", f"[red]{escape(b.error)}[/]"
+                elif b.all_due:
+                    loaded, nxt = "-", "all due"
+                else:
+                    loaded, nxt = f"{b.loaded_segment}", _rel(b.next_delivery_ms, now, due=True)
+                if b.below_mark:
+                    nxt += " (below mark: trimmed on open)"
+                table.add_row(
+                    f"{b.start_ledger}-{b.end_ledger}",
+                    str(b.num_segments),
+                    f"{b.num_messages:,}",
+                    f"{b.snapshot_bytes:,}",
+                    loaded,
+                    nxt,
+                    b.snapshot_id,
+                )
+            console.print(table)
+        if name.intents:
+            console.print(_intent_table("pending intents", name.intents, now))
+        if name.dead_letters:
+            dead = _intent_table("[red]dead letters[/]", name.dead_letters, now, dead=True)
+            console.print(dead)
+    problems = info.problems()
+    console.print()
+    if problems:
+        console.print(f"[red]{len(problems)} problem(s):[/]")
+        for problem in problems:
+            console.print(f"  - {escape(problem)}", highlight=False, soft_wrap=True)
+    else:
+        console.print("[green]ok:[/] every snapshot readable, no dead letters.")
+
+
+def _inspect(args: argparse.Namespace, console: Console) -> int:
+    from delayindex.storeinfo import inspect_store
+
+    storage = _open_store(args.store)
+    with storage:
+        names = _check_names(storage, args.name)
+        now = _now_ms() if args.now_ms is None else args.now_ms
+        info = inspect_store(storage, now_ms=now, tick_ms=args.tick_ms, names=names)
+    code = _inspect_exit(info)
+    if args.json:
+        _print_json(console, _inspect_json(info, args.store, code))
+    else:
+        _inspect_human(console, info, args.store)
+    return code
+
+
+# -- gc -------------------------------------------------------------------------------------------
+
+
+def _gc_exit(report: GcReport) -> int:
+    if report.corrupt_manifests or report.store_error:
+        return EXIT_STORE_ERROR
+    return EXIT_CHECK_FAILED if report.problems() else EXIT_OK
+
+
+def _gc_json(report: GcReport, store: Path, code: int) -> dict[str, Any]:
+    payload = dataclasses.asdict(report)
+    payload["corrupt_manifests"] = [
+        {"name": name, "error": error} for name, error in report.corrupt_manifests
+    ]
+    payload.update(
+        command="gc",
+        store=str(store),
+        orphan_bytes=report.orphan_bytes,
+        problems=report.problems(),
+        exit_code=code,
+    )
+    return payload
+
+
+def _orphan_table(title: str, orphans: Sequence[Orphan]) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("object", overflow="fold")
+    table.add_column("bytes", justify="right")
+    table.add_column("age", justify="right")
+    for orphan in orphans[:MAX_ROWS]:
+        table.add_row(orphan.id, f"{orphan.size:,}", _duration(max(orphan.age_ms, 0)))
+    if len(orphans) > MAX_ROWS:
+        table.add_row(f"... and {len(orphans) - MAX_ROWS} more (--json lists all)", "", "")
+    return table
+
+
+def _gc_human(console: Console, report: GcReport, store: Path) -> None:
+    mode = "collect" if report.delete else "dry run"
+    console.print(
+        f"[bold]gc[/] {escape(str(store))}   {mode}   grace {_duration(report.grace_ms)}",
+        soft_wrap=True,
+    )
+    summary = Table(show_header=False, box=None, pad_edge=False)
+    summary.add_column("what")
+    summary.add_column("count", justify="right")
+    summary.add_column("bytes", justify="right")
+    young_bytes = sum(o.size for o in report.young)
+    for what, count, size in (
+        ("objects scanned", report.objects, _size(report.object_bytes)),
+        ("referenced by a manifest", report.referenced, ""),
+        ("manifests read", len(report.manifests), ""),
+        ("orphans older than the grace period", len(report.orphans), _size(report.orphan_bytes)),
+        ("orphans too young, kept", len(report.young), _size(young_bytes)),
+        ("stale temp files", len(report.temp_files), ""),
+    ):
+        summary.add_row(f"  {what}", f"{count:,}", size)
+    console.print(summary)
+    for name, error in report.corrupt_manifests:
+        console.print(f"[red]damaged manifest {name}:[/] {escape(error)}", soft_wrap=True)
+    if report.orphans:
+        console.print(_orphan_table("orphans", report.orphans))
+    if report.young:
+        console.print(_orphan_table("too young, kept", report.young))
+    busy = [n for n in report.names if n.has_work or n.action != "none"]
+    if busy:
+        table = Table(title="names with unfinished work", title_justify="left")
+        for column in ("name", "pending deletes", "pending creates", "dead letters", "action"):
+            table.add_column(column, overflow="fold")
+        for n in busy:
+            action = n.action
+            if n.action == "resumed":
+                done = [f"{len(n.completed)} intents finished"] if n.completed else []
+                if n.retried:
+                    done.append(f"{len(n.retried)} dead letters deleted")
+                if n.remaining_intents or n.remaining_dead_letters:
+                    done.append(
+                        f"left: {len(n.remaining_intents)} intents, "
+                        f"{len(n.remaining_dead_letters)} dead letters"
+                    )
+                action += ": " + (", ".join(done) or "nothing left")
+            elif n.action == "failed":
+                action += f": {escape(n.error)}"
+            table.add_row(
+                n.name,
+                str(len(n.pending_deletes)),
+                str(len(n.pending_creates)),
+                str(len(n.dead_letters)),
+                action,
+            )
+        console.print(table)
+    if report.delete:
+        freed = sum(o.size for o in report.orphans if o.id in set(report.deleted))
+        console.print(f"deleted {len(report.deleted)} orphans ({_size(freed)})")
+        for skipped in report.skipped:
+            console.print(f"  kept {skipped.id}: {escape(skipped.reason)}", soft_wrap=True)
+        for failed in report.failed:
+            console.print(f"  [red]failed[/] {failed.id}: {escape(failed.error)}", soft_wrap=True)
+        if report.removed_temp_files:
+            console.print(f"removed {len(report.removed_temp_files)} stale temp files")
+    elif report.orphans or report.temp_files or any(n.has_work for n in report.names):
+        console.print("dry run: nothing was changed; run with --delete to collect.")
+    problems = report.problems()
+    if problems:
+        console.print(f"[red]{len(problems)} problem(s):[/]")
+        for problem in problems:
+            console.print(f"  - {escape(problem)}", highlight=False, soft_wrap=True)
+    else:
+        console.print("[green]ok:[/] nothing left to collect.")
+
+
+def _gc(args: argparse.Namespace, console: Console) -> int:
+    from delayindex.gc import run_gc
+
+    if args.retry_dead_letters and not args.delete:
+        raise _UsageError("--retry-dead-letters needs --delete (a dry run changes nothing)")
+    storage = _open_store(args.store)
+    with storage:
+        names = _check_names(storage, args.name)
+        with _progress(not (args.json or args.no_progress), "gc") as progress:
+            report = run_gc(
+                storage,
+                now_ms=_now_ms(),
+                grace_ms=args.grace,
+                delete=args.delete,
+                retry_dead_letters=args.retry_dead_letters,
+                names=names,
+                progress=progress,
+            )
+    code = _gc_exit(report)
+    if args.json:
+        _print_json(console, _gc_json(report, args.store, code))
+    else:
+        _gc_human(console, report, args.store)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``delayindex`` command; returns the exit code."""
     parser = build_parser()
@@ -134,6 +679,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     if args.command == "demo":
         return _demo(args, console)
+    if args.command in ("inspect", "gc"):
+        errors = Console(stderr=True)
+        run = _inspect if args.command == "inspect" else _gc
+        try:
+            return run(args, console)
+        except _UsageError as exc:
+            errors.print(
+                f"delayindex {args.command}: error: {escape(str(exc))}",
+                highlight=False,
+                soft_wrap=True,
+            )
+            return EXIT_USAGE
+        except (DelayIndexError, OSError) as exc:
+            errors.print(
+                f"delayindex {args.command}: store error: {escape(str(exc))}",
+                highlight=False,
+                soft_wrap=True,
+            )
+            return EXIT_STORE_ERROR
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse rejects first
     return EXIT_USAGE  # pragma: no cover
 

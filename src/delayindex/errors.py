@@ -36,6 +36,19 @@ class SnapshotExistsError(StorageError):
     """A snapshot was created under an id that is already taken (objects are never overwritten)."""
 
 
+class CommitOutcomeUnknownError(StorageError):
+    """A manifest commit failed, and so did every re-read that would tell whether it landed.
+
+    The change may be durable or not. The catalog re-reads the manifest before its next change
+    (:meth:`~delayindex.storage.catalog.Catalog.resync`); ``snapshot_ids`` names the objects
+    whose fate the commit decided.
+    """
+
+    def __init__(self, message: str, snapshot_ids: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.snapshot_ids = snapshot_ids
+
+
 class ManifestConflictError(DelayIndexError):
     """A manifest commit lost its compare-and-swap: the stored version is not the expected one."""
 

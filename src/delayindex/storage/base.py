@@ -71,6 +71,7 @@ OPS: tuple[str, ...] = (
     "length",
     "delete",
     "list_objects",
+    "list_manifests",
     "read_manifest",
     "commit_manifest",
     "lock",
@@ -207,6 +208,17 @@ class SnapshotStorage(Protocol):
         """Every stored snapshot object of every name, sorted by id."""
         ...
 
+    def list_manifests(self) -> list[str]:
+        """The names that have a stored manifest, sorted.
+
+        A name appears once its first commit lands, whether or not its manifest is readable
+        (a damaged manifest is listed; :meth:`read_manifest` reports the damage).
+
+        Raises:
+            StorageError: the listing failed :data:`MAX_ATTEMPTS` times.
+        """
+        ...
+
     def read_manifest(self, name: str) -> Manifest:
         """The manifest of ``name``; an empty one at version 0 if none was ever committed.
 
@@ -340,6 +352,10 @@ class BaseStorage(ABC):
         """Every stored object."""
 
     @abstractmethod
+    def _raw_list_manifests(self) -> list[str]:
+        """The names of every stored manifest (any order; only names matching KEY_PATTERN)."""
+
+    @abstractmethod
     def _raw_read_manifest(self, name: str) -> tuple[bytes | None, str]:
         """The stored manifest bytes of ``name`` (None if absent) and where they live."""
 
@@ -358,8 +374,9 @@ class BaseStorage(ABC):
     def _raw_close(self) -> None:  # noqa: B027 - optional hook
         """Free backend resources (locks are already released)."""
 
-    def _fault_point(self, op: str, phase: str) -> None:  # noqa: B027 - optional hook
-        """Called before (``"before"``) and after (``"after"``) the effect of every attempt."""
+    def _fault_point(self, op: str, phase: str, attempt: int) -> None:  # noqa: B027 - optional hook
+        """Called before (``"before"``) and after (``"after"``) the effect of every attempt;
+        ``attempt`` is 1 for a call's first attempt (so a hook can tell calls apart)."""
 
     # -- shared machinery -------------------------------------------------------------------------
 
@@ -371,9 +388,9 @@ class BaseStorage(ABC):
         self._check_open()
 
         def one(n: int) -> T:
-            self._fault_point(op, "before")
+            self._fault_point(op, "before", n)
             result = attempt(n)
-            self._fault_point(op, "after")
+            self._fault_point(op, "after", n)
             return result
 
         counters = dict.fromkeys(STAT_FIELDS, 0)
@@ -525,6 +542,10 @@ class BaseStorage(ABC):
     def list_objects(self) -> list[ObjectInfo]:
         """See :meth:`SnapshotStorage.list_objects`."""
         return sorted(self._retry("list_objects", "*", lambda _: self._raw_list()))
+
+    def list_manifests(self) -> list[str]:
+        """See :meth:`SnapshotStorage.list_manifests`."""
+        return sorted(self._retry("list_manifests", "*", lambda _: self._raw_list_manifests()))
 
     def _decode_stored_manifest(self, name: str) -> Manifest:
         data, where = self._raw_read_manifest(name)

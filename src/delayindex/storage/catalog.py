@@ -95,6 +95,7 @@ from typing import Self
 
 from delayindex.clock import wall_clock_ms
 from delayindex.errors import (
+    CommitOutcomeUnknownError,
     ManifestConflictError,
     SnapshotCorruptError,
     SnapshotNotFoundError,
@@ -115,6 +116,9 @@ _log = logging.getLogger(__name__)
 CrashHook = Callable[[str], None]
 #: Largest backoff multiplier of a failing delete.
 MAX_BACKOFF_FACTOR = 64
+#: Re-reads of the manifest after a failed commit, to learn whether it landed (each read is
+#: itself retried by the storage): an unknown outcome must be rare, as it stalls the writer.
+RESOLVE_READS = 8
 _KEY_RANDOM_HEX = 12
 _MAX_KEY = 200
 
@@ -201,6 +205,7 @@ class Catalog:
         self._mark_dirty = False
         self._noted_mark: tuple[int, int] | None = manifest.mark_delete
         self._writer_status: WriterStatus | None = None
+        self._stale = False  # a commit's outcome is unknown: re-read before the next change
         self.repair_report = RepairReport()
 
     @classmethod
@@ -269,6 +274,34 @@ class Catalog:
         with self._mutex:
             return list(self._problems)
 
+    def resync(self) -> Manifest:
+        """Re-read the stored manifest and adopt it (after an unknown commit outcome).
+
+        Raises:
+            StorageError, SnapshotCorruptError: it could not be read; nothing changed.
+        """
+        with self._mutex:
+            self._check_open()
+            self._stale = True
+            self._sync()
+            return self._manifest
+
+    @property
+    def stale(self) -> bool:
+        """Whether a commit's outcome is unknown (the next change re-reads the manifest)."""
+        return self._stale
+
+    def _sync(self) -> None:
+        """Re-read the manifest if a commit's outcome is unknown (this catalog is the only
+        writer, so what is stored is the truth)."""
+        if not self._stale:
+            return
+        current = self._storage.read_manifest(self.name)
+        if self._mark_dirty and current.mark_delete != self._noted_mark:
+            current = replace(current, mark_delete=self._noted_mark)  # still to be persisted
+        self._manifest = current
+        self._stale = False
+
     # -- protocol -------------------------------------------------------------------------------
 
     def create_bucket(
@@ -277,12 +310,15 @@ class Catalog:
         segments: Sequence[Segment],
         *,
         replaces: Iterable[str] = (),
+        delete_replaced: bool = True,
     ) -> BucketRecord:
         """Persist a sealed (or merged) bucket and make it live; return its record.
 
         ``replaces`` are live buckets this one supersedes (a merge): they stay live until the
         new bucket is, then become delete intents in the same commit and are deleted.
-        Failures deleting them are reported (intents, :meth:`problems`), never raised.
+        Failures deleting them are reported (intents, :meth:`problems`), never raised. With
+        ``delete_replaced=False`` they are left as delete intents for the caller to finish (with
+        :meth:`apply_batch`), e.g. once nothing reads them any more.
 
         Raises:
             ValueError: a ``replaces`` id is not live, or the range overlaps a live bucket that
@@ -293,6 +329,7 @@ class Catalog:
         """
         with self._mutex:
             self._check_open()
+            self._sync()
             if not isinstance(metadata, SnapshotMetadata):
                 raise TypeError(
                     f"metadata must be a SnapshotMetadata, not {type(metadata).__name__}"
@@ -337,11 +374,15 @@ class Catalog:
                 )
             try:
                 self._commit(live.with_bucket(record))  # 3
+            except CommitOutcomeUnknownError:
+                raise  # maybe live, maybe not: the caller resyncs and looks
             except (StorageError, ManifestConflictError) as exc:
                 if self._manifest.bucket(key) is None:
                     self._roll_back(intent, exc)
                     raise
             self._hook("create.bucket_live")
+            if not delete_replaced:
+                return record  # the caller deletes them (delete_bucket/apply_batch) when done
             for source in sources:  # 4
                 pending = self._manifest.intent(source)
                 if pending is not None:
@@ -361,6 +402,7 @@ class Catalog:
         """
         with self._mutex:
             self._check_open()
+            self._sync()
             record = self._manifest.bucket(snapshot_id)
             if record is None:
                 raise ValueError(f"{snapshot_id!r} is not a live bucket of {self.name!r}")
@@ -376,38 +418,42 @@ class Catalog:
         self,
         creates: Sequence[tuple[SnapshotMetadata, Sequence[Segment]]] = (),
         deletes: Sequence[str] = (),
+        *,
+        status_after: Callable[[Sequence[BucketRecord | Exception]], WriterStatus] | None = None,
     ) -> BatchResult:
         """Create and delete many buckets with two manifest commits (group commit).
 
         ``creates`` are ``(metadata, segments)`` of new buckets (not merges; use
         :meth:`create_bucket` with ``replaces`` for those); ``deletes`` are snapshot ids that are
         live, or pending delete intents (retried), or unknown (already gone: reported done).
-        Storage failures are reported per change in the result, never raised, except that of
-        the first commit, after which nothing has changed.
+        Outcomes are reported per change, never raised, except a failure of the first commit,
+        after which nothing has changed:
+
+        * a create whose range is already live with equal metadata (a retry after an unknown
+          commit outcome) is acknowledged with the live record; one that overlaps a live bucket
+          or an earlier create of the batch fails with ``ValueError``;
+        * storage failures fail that change (``StorageError``; ``CommitOutcomeUnknownError``
+          when the second commit's outcome is unknown).
+
+        ``status_after`` (called with the create outcomes, under this catalog's lock: it must
+        not block) gives the writer status that the second commit records.
 
         Raises:
-            ValueError, TypeError: bad requests (a range overlapping a live bucket or another
-                create, a delete of a bucket that a pending merge replaces); nothing changed.
+            ValueError, TypeError: malformed requests (not a SnapshotMetadata, a repeated or bad
+                delete id, a delete of a bucket that a pending merge replaces); nothing changed.
             StorageError, ManifestConflictError: the first commit failed; nothing changed.
         """
         with self._mutex:
             self._check_open()
+            self._sync()
             before = self._manifest
-            intents: list[Intent] = []
+            plan: list[Intent | BucketRecord | Exception] = []
             taken: list[tuple[int, int]] = []
             for metadata, _segments in creates:
                 if not isinstance(metadata, SnapshotMetadata):
                     raise TypeError(
                         f"metadata must be a SnapshotMetadata, not {type(metadata).__name__}"
                     )
-                start, end = metadata.start_ledger, metadata.end_ledger
-                clash = [b.snapshot_id for b in before.overlapping(start, end)]
-                clash += [f"[{a}, {b}]" for a, b in taken if a <= end and start <= b]
-                if clash:
-                    raise ValueError(f"range [{start}, {end}] overlaps {clash}")
-                taken.append((start, end))
-                intents.append(Intent("create", self._new_key(start, end, intents), start, end))
-            manifest = before
             ids = list(deletes)
             if len(set(ids)) != len(ids):
                 raise ValueError(f"deletes repeats an id: {ids}")
@@ -415,6 +461,23 @@ class Catalog:
                 validate_key(snapshot_id, "snapshot id")
                 if any(snapshot_id in i.replaces for i in before.intents):
                     raise ValueError(f"{snapshot_id!r} is being merged; delete it after the merge")
+            for metadata, _segments in creates:
+                start, end = metadata.start_ledger, metadata.end_ledger
+                live = before.overlapping(start, end)
+                if self._already_created(live, metadata):
+                    plan.append(live[0])
+                    continue
+                clash = [b.snapshot_id for b in live]
+                clash += [f"[{a}, {b}]" for a, b in taken if a <= end and start <= b]
+                if clash:
+                    plan.append(ValueError(f"range [{start}, {end}] overlaps {clash}"))
+                    continue
+                taken.append((start, end))
+                pending = [p for p in plan if isinstance(p, Intent)]
+                plan.append(Intent("create", self._new_key(start, end, pending), start, end))
+            intents = [p for p in plan if isinstance(p, Intent)]
+            manifest = before
+            for snapshot_id in ids:
                 record = before.bucket(snapshot_id)
                 if record is not None:
                     manifest = manifest.without_bucket(snapshot_id).with_intent(
@@ -430,14 +493,17 @@ class Catalog:
             self._hook("batch.intents_committed")
 
             outcomes: list[BucketRecord | Exception] = []  # 2
-            for intent, (metadata, segments) in zip(intents, creates, strict=True):
-                key = intent.snapshot_id
+            for step, (metadata, segments) in zip(plan, creates, strict=True):
+                if not isinstance(step, Intent):
+                    outcomes.append(step)
+                    continue
+                key = step.snapshot_id
                 try:
                     self._storage.create(metadata, segments, key)
                     size = self._storage.length(key)
                     outcomes.append(
                         BucketRecord(
-                            intent.start_ledger, intent.end_ledger, key,
+                            step.start_ledger, step.end_ledger, key,
                             metadata.num_messages, metadata.num_segments, size,
                         )
                     )  # fmt: skip
@@ -445,8 +511,8 @@ class Catalog:
                     outcomes.append(exc)
             deleted: dict[str, Exception | None] = {}
             for snapshot_id in ids:
-                pending = self._manifest.intent(snapshot_id)
-                if pending is None or pending.kind != "delete":
+                pending_delete = self._manifest.intent(snapshot_id)
+                if pending_delete is None or pending_delete.kind != "delete":
                     continue
                 try:
                     self._storage.delete(snapshot_id)
@@ -455,50 +521,72 @@ class Catalog:
                     deleted[snapshot_id] = exc
             self._hook("batch.objects_written")
 
+            if status_after is not None:
+                self._writer_status = status_after(outcomes)
             manifest = self._manifest  # 3
             failed: list[Intent] = []
-            for intent, outcome in zip(intents, outcomes, strict=True):
+            for step, outcome in zip(plan, outcomes, strict=True):
+                if not isinstance(step, Intent):
+                    continue
                 if isinstance(outcome, BucketRecord):
-                    manifest = manifest.without_intent(intent.snapshot_id).with_bucket(outcome)
+                    manifest = manifest.without_intent(step.snapshot_id).with_bucket(outcome)
                 else:
-                    undo = Intent("delete", intent.snapshot_id, intent.start_ledger,
-                                  intent.end_ledger)  # fmt: skip
+                    undo = Intent("delete", step.snapshot_id, step.start_ledger, step.end_ledger)
                     manifest = manifest.with_updated_intent(undo)
                     failed.append(undo)
             for snapshot_id, error in deleted.items():
-                pending = manifest.intent(snapshot_id)
-                assert pending is not None  # the lock keeps it so
+                pending_delete = manifest.intent(snapshot_id)
+                assert pending_delete is not None  # the lock keeps it so
                 if error is None:
                     manifest = manifest.without_intent(snapshot_id)
                 else:
-                    manifest = self._with_delete_failure(manifest, pending, error)
+                    manifest = self._with_delete_failure(manifest, pending_delete, error)
             try:
                 if manifest != self._manifest:
                     self._commit(manifest)
                     commits += 1
+            except CommitOutcomeUnknownError as exc:
+                # Maybe durable, maybe not: report failure. A retry of the same create after
+                # the resync finds it live (same range, same metadata) and acknowledges it.
+                self._problem(f"batch commit outcome unknown: {exc}")
+                unknown = tuple(
+                    exc if isinstance(s, Intent) else o for s, o in zip(plan, outcomes, strict=True)
+                )
+                return BatchResult(unknown, tuple(False for _ in ids), commits)
             except (StorageError, ManifestConflictError) as exc:
                 self._problem(f"batch commit failed; the batch is rolled back: {exc}")
                 try:
                     self._convert_creates()  # the written objects become delete intents
                 except (StorageError, ManifestConflictError) as undo_exc:
                     self._problem(f"rollback failed ({undo_exc}); the next open rolls it back")
-                return BatchResult(
-                    tuple(exc for _ in intents),
-                    tuple(self._manifest.intent(i) is None and self._manifest.bucket(i) is None
-                          and i not in {d.snapshot_id for d in self._manifest.dead_letters}
-                          for i in ids),
-                    commits,
-                )  # fmt: skip
+                rolled = tuple(
+                    exc if isinstance(s, Intent) else o for s, o in zip(plan, outcomes, strict=True)
+                )
+                return BatchResult(rolled, self._deletes_done(ids), commits)
             self._hook("batch.committed")
             for undo in failed:  # 4
                 self._finish_delete(undo)
-            dead = {d.snapshot_id for d in self._manifest.dead_letters}
-            done = tuple(
-                self._manifest.intent(i) is None and self._manifest.bucket(i) is None
-                and i not in dead
-                for i in ids
-            )  # fmt: skip
-            return BatchResult(tuple(outcomes), done, commits)
+            return BatchResult(tuple(outcomes), self._deletes_done(ids), commits)
+
+    def _already_created(self, live: Sequence[BucketRecord], metadata: SnapshotMetadata) -> bool:
+        """Whether ``live`` is exactly one bucket of ``metadata``'s range holding ``metadata``:
+        a create whose commit landed although its caller was told the outcome is unknown."""
+        if len(live) != 1:
+            return False
+        record = live[0]
+        if (record.start_ledger, record.end_ledger) != (metadata.start_ledger, metadata.end_ledger):
+            return False
+        try:
+            return self._storage.get_metadata(record.snapshot_id) == metadata
+        except (StorageError, SnapshotCorruptError, SnapshotNotFoundError):
+            return False
+
+    def _deletes_done(self, ids: Sequence[str]) -> tuple[bool, ...]:
+        dead = {d.snapshot_id for d in self._manifest.dead_letters}
+        return tuple(
+            self._manifest.intent(i) is None and self._manifest.bucket(i) is None and i not in dead
+            for i in ids
+        )
 
     def retry_dead_letters(self, snapshot_ids: Iterable[str] | None = None) -> RetryReport:
         """Move dead letters (all, or ``snapshot_ids``) back to pending deletes and retry them now.
@@ -512,6 +600,7 @@ class Catalog:
         """
         with self._mutex:
             self._check_open()
+            self._sync()
             dead = {d.snapshot_id: d for d in self._manifest.dead_letters}
             wanted = list(dead) if snapshot_ids is None else list(snapshot_ids)
             unknown = [i for i in wanted if i not in dead]
@@ -571,6 +660,7 @@ class Catalog:
             # landed, and this catalog (holding the name's lock) is the only writer.
             stored = self._storage.read_manifest(self.name)
             self._manifest = stored
+            self._stale = False
             if stored.mark_delete == self._noted_mark:
                 self._mark_dirty = False
                 return
@@ -586,6 +676,7 @@ class Catalog:
         """
         with self._mutex:
             self._check_open()
+            self._sync()
             try:
                 self._convert_creates()
             except (StorageError, ManifestConflictError) as exc:
@@ -662,10 +753,27 @@ class Catalog:
             return
         except (StorageError, ManifestConflictError) as exc:
             failure = exc
-        try:
-            current = self._storage.read_manifest(self.name)
-        except (StorageError, SnapshotCorruptError):
-            raise failure from None
+        for _ in range(RESOLVE_READS):
+            try:
+                current = self._storage.read_manifest(self.name)
+                break
+            except (StorageError, SnapshotCorruptError):
+                continue
+        else:
+            # Landed or not: nobody can tell now. Every later change re-reads first (resync).
+            self._stale = True
+            old = self._manifest
+            changed = tuple(
+                sorted(
+                    i
+                    for i in old.referenced_ids() | new.referenced_ids()
+                    if old.bucket(i) != new.bucket(i) or old.intent(i) != new.intent(i)
+                )
+            )
+            raise CommitOutcomeUnknownError(
+                f"commit of manifest {self.name!r} failed and its outcome is unknown: {failure}",
+                changed,
+            ) from failure
         if self._mark_dirty and current.mark_delete != self._noted_mark:
             current = replace(current, mark_delete=self._noted_mark)  # still to be persisted
         self._manifest = current

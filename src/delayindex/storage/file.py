@@ -29,6 +29,30 @@ files are never deleted (deleting a lock file races with its next holder).
 
 Retries: ``OSError`` s from these system calls are transient and retried (see ``base``), except
 ``FileNotFoundError`` on an object, which means "not found".
+
+Step hook: ``FileStorage(path, step_hook=hook)`` calls ``hook(step)`` just *before* each durable
+filesystem step, so a test can kill the process (or raise) at every point where a crash leaves a
+different state on disk. The step names are stable:
+
+==========================  =============================================================
+``object.write``            the object's temp file was created, nothing written yet
+``object.fsync``            the temp file is written, not yet fsync'ed
+``object.link``             the temp file is durable; ``os.link`` to its final name next
+``object.rename``           (no hard links) ``os.replace`` to the final name next
+``object.dirsync``          the object has its name; ``objects/`` is fsync'ed next
+``object.delete``           ``unlink`` of an object next
+``object.delete.dirsync``   the object is unlinked; ``objects/`` is fsync'ed next
+``manifest.write``          the new manifest's temp file was created, nothing written yet
+``manifest.fsync``          the manifest temp file is written, not yet fsync'ed
+``manifest.rename``         ``os.replace`` over ``manifests/<name>.manifest`` next
+``manifest.dirsync``        the new manifest has its name; ``manifests/`` is fsync'ed next
+==========================  =============================================================
+
+Removing a temp file is not a step (temp files are garbage whatever happens), nor are reads,
+locks and the directory setup of the constructor. The hook runs once per attempt, inside the
+storage call and possibly while the caller holds its own locks, so it must not call back into
+the storage or its user. An ``OSError`` it raises counts as a transient failure of the attempt
+(retried); any other exception propagates unchanged.
 """
 
 from __future__ import annotations
@@ -89,10 +113,24 @@ class FileStorage(BaseStorage):
     Args:
         path: the root directory (created with its subdirectories if missing).
         metadata_cache_size: decoded metadata kept (LRU); 0 disables the cache.
+        clean_tmp: delete the temp files of dead writers now (listed in
+            ``removed_temp_files``); False leaves ``tmp/`` alone, for read-only tools.
+        step_hook: called with a step name before every durable filesystem step (the table in
+            the module docs); a test seam for crash injection.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, metadata_cache_size: int = 128) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        metadata_cache_size: int = 128,
+        clean_tmp: bool = True,
+        step_hook: Callable[[str], None] | None = None,
+    ) -> None:
         super().__init__(metadata_cache_size=metadata_cache_size)
+        if step_hook is not None and not callable(step_hook):
+            raise TypeError("step_hook must be a callable taking a step name")
+        self.step_hook = step_hook
         self.root = Path(path)
         self.objects_dir = self.root / "objects"
         self.manifests_dir = self.root / "manifests"
@@ -105,7 +143,7 @@ class FileStorage(BaseStorage):
                 created = True
         if created:
             _fsync_dir(self.root)
-        self.removed_temp_files = self._clean_tmp()
+        self.removed_temp_files = self.remove_stale_temp_files() if clean_tmp else []
 
     def __repr__(self) -> str:
         return f"FileStorage({str(self.root)!r})"
@@ -126,27 +164,43 @@ class FileStorage(BaseStorage):
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def _clean_tmp(self) -> list[str]:
-        """Delete temp files left by writers that no longer run; return their names."""
-        removed = []
+    def stale_temp_files(self) -> list[str]:
+        """Names of the files in ``tmp/`` whose writer process no longer runs, sorted."""
+        stale = []
         for entry in os.scandir(self.tmp_dir):
             if not entry.is_file(follow_symlinks=False):
                 continue
             pid_text = entry.name.split("-", 1)[0]
             if entry.name.endswith(TMP_SUFFIX) and pid_text.isdigit() and _pid_alive(int(pid_text)):
                 continue
-            _unlink_quiet(Path(entry.path))
-            removed.append(entry.name)
-        return sorted(removed)
+            stale.append(entry.name)
+        return sorted(stale)
 
-    def _write_temp(self, data: bytes) -> Path:
-        """A durable temp file holding ``data`` (written, fsync'ed and closed)."""
+    def remove_stale_temp_files(self) -> list[str]:
+        """Delete the temp files left by writers that no longer run; return their names."""
+        stale = self.stale_temp_files()
+        for name in stale:
+            _unlink_quiet(self.tmp_dir / name)
+        return stale
+
+    def _step(self, step: str) -> None:
+        """Announce the durable filesystem step about to happen to the step hook, if any."""
+        if self.step_hook is not None:
+            self.step_hook(step)
+
+    def _write_temp(self, data: bytes, kind: str) -> Path:
+        """A durable temp file holding ``data`` (written, fsync'ed and closed).
+
+        ``kind`` (``"object"`` or ``"manifest"``) prefixes the step names.
+        """
         path = self.tmp_dir / f"{os.getpid()}-{uuid.uuid4().hex}{TMP_SUFFIX}"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
+            self._step(f"{kind}.write")
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
+            self._step(f"{kind}.fsync")
             os.fsync(fd)
         except BaseException:
             os.close(fd)
@@ -172,8 +226,9 @@ class FileStorage(BaseStorage):
         if os.path.lexists(final):
             self._check_existing(key, final, data, may_exist)
         else:
-            tmp = self._write_temp(data)
+            tmp = self._write_temp(data, "object")
             try:
+                self._step("object.link")
                 os.link(tmp, final)
             except FileExistsError:
                 self._check_existing(key, final, data, may_exist)
@@ -185,10 +240,12 @@ class FileStorage(BaseStorage):
                 if os.path.lexists(final):
                     self._check_existing(key, final, data, may_exist)
                 else:
+                    self._step("object.rename")
                     os.replace(tmp, final)
             finally:
                 _unlink_quiet(tmp)
         # Also when the object already existed: the earlier attempt may have failed right here.
+        self._step("object.dirsync")
         _fsync_dir(self.objects_dir)
 
     @contextmanager
@@ -227,7 +284,9 @@ class FileStorage(BaseStorage):
             raise SnapshotNotFoundError(f"snapshot {key!r} not found: {path}") from None
 
     def _raw_delete(self, key: str) -> None:
+        self._step("object.delete")
         _unlink_quiet(self.object_path(key))
+        self._step("object.delete.dirsync")
         _fsync_dir(self.objects_dir)
 
     def _raw_list(self) -> list[ObjectInfo]:
@@ -244,6 +303,16 @@ class FileStorage(BaseStorage):
                 continue
             out.append(ObjectInfo(key, st.st_size, st.st_mtime_ns // 1_000_000))
         return out
+
+    def _raw_list_manifests(self) -> list[str]:
+        names = []
+        for entry in os.scandir(self.manifests_dir):
+            name = entry.name[: -len(MANIFEST_SUFFIX)]
+            if not entry.name.endswith(MANIFEST_SUFFIX) or KEY_PATTERN.fullmatch(name) is None:
+                continue
+            if entry.is_file():  # as read_manifest sees it (a symlink to a file counts)
+                names.append(name)
+        return names
 
     def _raw_read_manifest(self, name: str) -> tuple[bytes | None, str]:
         path = self.manifest_path(name)
@@ -265,12 +334,14 @@ class FileStorage(BaseStorage):
         return self._cas(name)
 
     def _raw_write_manifest(self, name: str, data: bytes) -> None:
-        tmp = self._write_temp(data)
+        tmp = self._write_temp(data, "manifest")
         try:
+            self._step("manifest.rename")
             os.replace(tmp, self.manifest_path(name))
         except BaseException:
             _unlink_quiet(tmp)
             raise
+        self._step("manifest.dirsync")
         _fsync_dir(self.manifests_dir)
 
     def _raw_lock(self, name: str) -> tuple[str, Callable[[], None]]:

@@ -13,20 +13,36 @@ paths. Test helpers :meth:`raw_object`/:meth:`put_raw_object` (and the manifest 
 plant bytes directly, to corrupt objects or create orphans; :meth:`break_locks` forgets every
 held lock, as the death of the holding process would.
 
-Thread safety: one lock guards all state; decoding happens outside it on immutable ``bytes``.
+Random faults (:meth:`MemoryStorage.set_fault_rate`) model a flaky store for soak tests. They
+are drawn *per call*, not per attempt: at a call's first attempt a seeded ``random.Random``
+decides whether the call fails (probability ``rate``) and how, and a failing call fails on every
+one of its attempts, so the caller sees ``StorageError`` (a per-attempt rate would almost never
+survive the retries). For the operations that change something (:data:`AFTER_EFFECT_OPS`) a share
+of the failures let each attempt take effect first and then raise: the caller is told "failed"
+although the object was written or deleted or the manifest committed. The decision is kept in a
+thread-local per operation, which is sound because a thread runs one call of an operation at a
+time (retries are sequential and no storage call nests another of the same operation). With a
+seed and a deterministic sequence of calls (one thread) the faults are reproducible. Injected
+queued failures (``inject_failure``) take precedence over random ones at each attempt.
+
+Thread safety: one lock guards all state (including the random generator and the fault
+counters); decoding happens outside it on immutable ``bytes``.
 """
 
 from __future__ import annotations
 
 import errno
+import math
+import numbers
+import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 from delayindex.clock import wall_clock_ms
 from delayindex.errors import SnapshotExistsError, SnapshotNotFoundError, StoreLockedError
-from delayindex.storage.base import BaseStorage, ObjectInfo, ObjectSource
+from delayindex.storage.base import OPS, BaseStorage, ObjectInfo, ObjectSource
 from delayindex.storage.manifest import validate_key
 
 #: Operations that :meth:`MemoryStorage.inject_failure` accepts, and the raw operations each
@@ -38,6 +54,12 @@ INJECTABLE_OPS: dict[str, tuple[str, ...]] = {
     "delete": ("delete",),
     "manifest": ("read_manifest", "commit_manifest"),
 }
+#: Operations whose random failures may take effect before raising (a lost acknowledgement).
+#: Reads have no effect to lose, and a lock taken by a call that reports failure would be held
+#: by nobody until :meth:`MemoryStorage.break_locks`, so those always fail before their effect.
+AFTER_EFFECT_OPS: frozenset[str] = frozenset({"create", "delete", "commit_manifest"})
+#: The phases of a random failure, as keys of :meth:`MemoryStorage.fault_counts`.
+FAULT_PHASES: tuple[str, ...] = ("before", "after")
 
 
 class InjectedIOError(OSError):
@@ -49,6 +71,48 @@ class _Fault:
     remaining: int
     error: BaseException | None
     after: bool
+
+
+@dataclass(frozen=True)
+class _RandomFaults:
+    rate: float
+    ops: frozenset[str]
+    after_share: float
+    rng: random.Random
+
+
+@dataclass
+class _CallFault:
+    """The random decision for one call: fail ``"before"``/``"after"`` its effect, or None."""
+
+    phase: str | None
+    counted: bool = False
+
+
+def _fraction(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a real number in [0, 1], got {type(value).__name__}")
+    out = float(value)
+    if not (math.isfinite(out) and 0.0 <= out <= 1.0):
+        raise ValueError(f"{what} must be in [0, 1], got {value!r}")
+    return out
+
+
+def _op_set(ops: Iterable[str] | None) -> frozenset[str]:
+    if ops is None:
+        return frozenset(OPS)
+    if isinstance(ops, str):  # an iterable of one-letter "ops": surely a mistake
+        raise TypeError(f"ops must be an iterable of operation names, not the str {ops!r}")
+    try:
+        names = list(ops)
+    except TypeError:
+        raise TypeError(f"ops must be an iterable of operation names, got {ops!r}") from None
+    for name in names:
+        if not isinstance(name, str) or name not in OPS:
+            raise ValueError(f"unknown op {name!r}; expected some of {list(OPS)}")
+    if not names:
+        raise ValueError("ops is empty; to turn random faults off use rate=0")
+    return frozenset(names)
 
 
 @dataclass(frozen=True)
@@ -80,6 +144,9 @@ class MemoryStorage(BaseStorage):
         self._faults: dict[str, list[_Fault]] = {op: [] for op in INJECTABLE_OPS}
         self._generation = 0
         self._injected = 0
+        self._random: _RandomFaults | None = None
+        self._fault_counts = {op: dict.fromkeys(FAULT_PHASES, 0) for op in OPS}
+        self._calls = threading.local()  # .faults: op -> _CallFault of this thread's call
 
     def __repr__(self) -> str:
         return f"MemoryStorage(objects={len(self._objects)}, manifests={len(self._manifests)})"
@@ -111,7 +178,92 @@ class MemoryStorage(BaseStorage):
         with self._lock:
             return sum(f.remaining for f in self._faults[op])
 
-    def _fault_point(self, op: str, phase: str) -> None:
+    def set_fault_rate(
+        self,
+        rate: float,
+        *,
+        seed: int | None = None,
+        ops: Iterable[str] | None = None,
+        after_share: float = 0.5,
+    ) -> None:
+        """Make each call of the chosen operations fail with probability ``rate``.
+
+        A call chosen to fail fails on every attempt, so it raises ``StorageError`` after its
+        retries (see the module docstring). Replaces any earlier setting; the counters of
+        :meth:`fault_counts` keep counting. Arguments are all checked before anything changes.
+
+        Args:
+            rate: probability in ``[0, 1]`` that a call fails; 0 turns random faults off.
+            seed: seed of the ``random.Random`` that draws the faults (None: unseeded).
+            ops: operation names (keys of :meth:`stats`) to fail; None means all of them.
+            after_share: share in ``[0, 1]`` of the failures of :data:`AFTER_EFFECT_OPS` that
+                take effect before raising (lost acknowledgements); other ops ignore it.
+
+        Raises:
+            TypeError: a number is not a real number, ``seed`` is not an int or None, or
+                ``ops`` is a str or not iterable.
+            ValueError: ``rate`` or ``after_share`` is outside ``[0, 1]`` (or NaN), or ``ops``
+                is empty or names an unknown operation.
+        """
+        chosen_rate = _fraction(rate, "rate")
+        share = _fraction(after_share, "after_share")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        names = _op_set(ops)
+        settings = None
+        if chosen_rate > 0.0:
+            settings = _RandomFaults(chosen_rate, names, share, random.Random(seed))
+        with self._lock:
+            self._random = settings
+
+    @property
+    def fault_rate(self) -> float:
+        """The current random failure rate per call (0.0 when random faults are off)."""
+        with self._lock:
+            return 0.0 if self._random is None else self._random.rate
+
+    def fault_counts(self) -> dict[str, dict[str, int]]:
+        """Calls failed by random faults: ``{op: {"before": n, "after": n}}`` for every op.
+
+        ``"after"`` counts calls whose effect happened although they reported failure. Queued
+        failures of :meth:`inject_failure` are not counted here.
+        """
+        with self._lock:
+            return {op: dict(counts) for op, counts in self._fault_counts.items()}
+
+    def _fault_point(self, op: str, phase: str, attempt: int) -> None:
+        if attempt == 1 and phase == "before":
+            self._draw_call_fault(op)
+        self._queued_fault_point(op, phase)
+        faults: dict[str, _CallFault] | None = getattr(self._calls, "faults", None)
+        call = faults.get(op) if faults is not None else None
+        if call is None or call.phase != phase:
+            return
+        if not call.counted:  # once per call, not per attempt
+            call.counted = True
+            with self._lock:
+                self._fault_counts[op][phase] += 1
+        raise InjectedIOError(errno.EIO, f"random failure of {op} ({phase}, attempt {attempt})")
+
+    def _draw_call_fault(self, op: str) -> None:
+        """Decide at a call's first attempt whether (and how) the whole call fails."""
+        phase: str | None = None
+        with self._lock:
+            settings = self._random
+            if (
+                settings is not None
+                and op in settings.ops
+                and settings.rng.random() < settings.rate
+            ):
+                phase = "before"
+                if op in AFTER_EFFECT_OPS and settings.rng.random() < settings.after_share:
+                    phase = "after"
+        faults: dict[str, _CallFault] | None = getattr(self._calls, "faults", None)
+        if faults is None:
+            faults = self._calls.faults = {}
+        faults[op] = _CallFault(phase)
+
+    def _queued_fault_point(self, op: str, phase: str) -> None:
         key = next((k for k, ops in INJECTABLE_OPS.items() if op in ops), None)
         if key is None:
             return
@@ -198,6 +350,10 @@ class MemoryStorage(BaseStorage):
     def _raw_list(self) -> list[ObjectInfo]:
         with self._lock:
             return [ObjectInfo(k, len(v.data), v.mtime_ms) for k, v in self._objects.items()]
+
+    def _raw_list_manifests(self) -> list[str]:
+        with self._lock:
+            return list(self._manifests)
 
     def _raw_read_manifest(self, name: str) -> tuple[bytes | None, str]:
         with self._lock:

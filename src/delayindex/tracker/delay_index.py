@@ -52,7 +52,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +66,7 @@ from delayindex._memory import release_free_memory
 from delayindex.clock import Clock
 from delayindex.config import TrackerConfig
 from delayindex.errors import (
+    CommitOutcomeUnknownError,
     ManifestConflictError,
     RecoveryError,
     SnapshotCorruptError,
@@ -332,6 +333,7 @@ class DelayIndex(TrackerFront):
         self._deferred_creates: list[_PendingCreate] = []
         self._deferred_deletes: list[str] = []
         self._deferred_at = MAX_TIME
+        self._unresolved_merge: tuple[list[_Bucket], int, SnapshotMetadata] | None = None
         self._group = {"batches": 0, "creates": 0, "deletes": 0, "manifest_writes": 0}
         self._mark: tuple[int, int] | None = None
         self._epoch = 0
@@ -729,9 +731,23 @@ class DelayIndex(TrackerFront):
         self._catalog.note_writer_status(status)
         started = time.perf_counter()
         creates, built = self._build_batch(creates)
+        sizes = [len(item.times) for item in creates]
+
+        def status_after(results: Sequence[BucketRecord | Exception]) -> WriterStatus:
+            # What the acknowledging commit should record: this batch's creates are durable.
+            written = sum(
+                n for n, r in zip(sizes, results, strict=True) if not isinstance(r, Exception)
+            )
+            failed = sum(isinstance(r, Exception) for r in results)
+            return WriterStatus(
+                max(status.unpersisted - written, 0),
+                status.memory_mode_buckets + failed,
+                status.as_of_ms,
+            )
+
         outcomes: tuple[BucketRecord | Exception, ...]
         try:
-            result = self._catalog.apply_batch(built, deletes)
+            result = self._catalog.apply_batch(built, deletes, status_after=status_after)
             outcomes, done, commits = result.created, result.deleted, result.commits
         except (StorageError, ManifestConflictError, ValueError) as exc:
             outcomes, done, commits = tuple(exc for _ in creates), tuple(False for _ in deletes), 0
@@ -762,6 +778,11 @@ class DelayIndex(TrackerFront):
             self._persist_scheduled = False
             if self._persist_creates or self._persist_deletes:
                 self._schedule_persist()
+
+    def _defer_at(self, attempts: int) -> None:
+        """Schedule the retry tick after the backoff of ``attempts`` failures (lock held)."""
+        delay = self._config.delete_retry_delay_ms * min(2 ** max(attempts - 1, 0), 64)
+        self._deferred_at = min(self._deferred_at, max(self._now(), 0) + delay)
 
     def _defer(self, queue: list[Any], item: Any) -> None:
         """Keep a failed change for a retry after the backoff, on the index's clock (lock held)."""
@@ -864,6 +885,8 @@ class DelayIndex(TrackerFront):
         """
         if self._deferred_at <= now:
             self._deferred_at = MAX_TIME
+            if self._unresolved_merge is not None:
+                self._queue(self._resolve_merge_job)  # first: before any delete is retried
             for item in self._deferred_creates:
                 if self._buckets.get(item.bucket.sid) is item.bucket and item.epoch == self._epoch:
                     item.enqueued = time.monotonic()
@@ -872,7 +895,7 @@ class DelayIndex(TrackerFront):
             self._deferred_creates, self._deferred_deletes = [], []
             if self._persist_creates or self._persist_deletes:
                 self._schedule_persist()
-        if self._retry_queued:
+        if self._retry_queued or self._unresolved_merge is not None:
             return
         due = [i.next_attempt_ms for i in self._catalog.manifest.intents if i.kind == "delete"]
         if not due or min(due) > now:
@@ -934,6 +957,7 @@ class DelayIndex(TrackerFront):
     def _merge_job(self, sources: list[_Bucket], epoch: int) -> None:
         started = time.perf_counter()
         record: BucketRecord | None = None
+        metadata: SnapshotMetadata | None = None
         try:
             columns: list[tuple[Int64Array, Int64Array, Int64Array]] = []
             for b in sources:
@@ -956,51 +980,114 @@ class DelayIndex(TrackerFront):
                 metadata, segments = self._build(
                     times, ledgers, entries, sources[0].start, sources[-1].end
                 )
+                # The sources' objects are deleted only once this index no longer reads them
+                # (_merge_succeeded): a poll may be loading one of their segments right now.
                 record = self._catalog.create_bucket(
-                    metadata, segments, replaces=[b.snapshot_id for b in sources if b.snapshot_id]
+                    metadata,
+                    segments,
+                    replaces=[b.snapshot_id for b in sources if b.snapshot_id],
+                    delete_replaced=False,
                 )
+        except CommitOutcomeUnknownError as exc:
+            # The merged bucket may be live and its sources delete intents, or not. Until a
+            # resync tells, the sources stay as they are (still readable: the catalog deletes
+            # nothing before it has re-read the manifest, and this index retries nothing first).
+            assert metadata is not None
+            with self._lock:
+                self._ops["merge"].record(False, started)
+                self._warnings.append(f"merge outcome unknown; resolved later: {exc}")
+                self._unresolved_merge = (sources, epoch, metadata)
+                self._defer_at(1)
+            return
         except (StorageError, ManifestConflictError, SnapshotCorruptError,
                 SnapshotNotFoundError, ValueError) as exc:  # fmt: skip
             with self._lock:
                 self._ops["merge"].record(False, started)
                 self._warnings.append(f"merge of {len(sources)} buckets failed: {exc}")
-                self._merge_in_flight = False
-                if epoch == self._epoch and not self._closed:
-                    self._unregister_merge(sources)
-                mark = self._mark
-                for b in sources:
-                    b.merging = False
-                    if self._buckets.get(b.sid) is not b:
-                        continue
-                    if mark is not None and b.end < mark[0]:
-                        self._trim(b)  # acknowledged while the merge ran
-                    elif b.exhausted:
-                        self._retire(b)
+                self._merge_failed(sources, epoch)
             return
         with self._lock:
             self._ops["merge"].record(True, started)
-            self._merge_in_flight = False
-            for b in sources:
-                b.merging = False
             if record is None:  # nothing tracked any more: the sources just go
+                self._merge_in_flight = False
+                for b in sources:
+                    b.merging = False
                 if epoch == self._epoch and not self._closed:
                     self._unregister_merge(sources)
                 for b in sources:
                     if self._buckets.get(b.sid) is b:
                         self._retire(b)
                 return
-            if self._closed or epoch != self._epoch:
-                self._request_delete(record.snapshot_id)
-                return
-            for b in sources:  # the catalog already deleted their snapshots
-                self._drop_bucket(b, keep_range=True)  # the merged range is registered
-            merged = self._new_bucket(record.start_ledger, record.end_ledger, len(times))
-            self._make_durable(merged, record, metadata)
-            # Nothing in memory: a placeholder for segment 1, read back when it comes due.
-            self._core.set_source(merged.sid, _EMPTY, _EMPTY, _EMPTY, merged.next_time(0))
-            if self._mark is not None and merged.end < self._mark[0]:
-                self._trim(merged)  # acknowledged while it was being merged
-            self._maybe_merge()  # still too many buckets? merges chain until they fit
+            assert metadata is not None
+            self._merge_succeeded(sources, epoch, record, metadata)
+
+    def _merge_failed(self, sources: list[_Bucket], epoch: int) -> None:
+        """A merge did not happen: the sources are themselves again (lock held)."""
+        self._merge_in_flight = False
+        if epoch == self._epoch and not self._closed:
+            self._unregister_merge(sources)
+        mark = self._mark
+        for b in sources:
+            b.merging = False
+            if self._buckets.get(b.sid) is not b:
+                continue
+            if mark is not None and b.end < mark[0]:
+                self._trim(b)  # acknowledged while the merge ran
+            elif b.exhausted:
+                self._retire(b)
+
+    def _merge_succeeded(
+        self, sources: list[_Bucket], epoch: int, record: BucketRecord, metadata: SnapshotMetadata
+    ) -> None:
+        """The merged bucket is live and its sources are gone from the manifest (lock held)."""
+        self._merge_in_flight = False
+        for b in sources:
+            b.merging = False
+            if b.snapshot_id is not None:
+                self._request_delete(b.snapshot_id)  # delete intents since the merge's commit
+        if self._closed or epoch != self._epoch:
+            self._request_delete(record.snapshot_id)
+            return
+        for b in sources:
+            self._drop_bucket(b, keep_range=True)  # the merged range is registered
+        merged = self._new_bucket(record.start_ledger, record.end_ledger, record.num_messages)
+        self._make_durable(merged, record, metadata)
+        # Nothing in memory: a placeholder for segment 1, read back when it comes due.
+        self._core.set_source(merged.sid, _EMPTY, _EMPTY, _EMPTY, merged.next_time(0))
+        if self._mark is not None and merged.end < self._mark[0]:
+            self._trim(merged)  # acknowledged while it was being merged
+        self._maybe_merge()  # still too many buckets? merges chain until they fit
+
+    def _resolve_merge_job(self) -> None:
+        """Learn whether a merge whose commit outcome was unknown happened, and act on it."""
+        with self._lock:
+            unresolved = self._unresolved_merge
+        if unresolved is None:
+            return
+        sources, epoch, metadata = unresolved
+        try:
+            manifest = self._catalog.resync()
+        except (StorageError, SnapshotCorruptError) as exc:
+            with self._lock:
+                self._warnings.append(f"merge outcome still unknown: {exc}")
+                self._defer_at(2)
+            return
+        live = manifest.live_ids()
+        merged = next(
+            (
+                b
+                for b in manifest.buckets
+                if (b.start_ledger, b.end_ledger) == (sources[0].start, sources[-1].end)
+                and b.snapshot_id not in {s.snapshot_id for s in sources}
+            ),
+            None,
+        )
+        with self._lock:
+            self._unresolved_merge = None
+            if merged is not None and not any(s.snapshot_id in live for s in sources):
+                self._merge_succeeded(sources, epoch, merged, metadata)
+            else:
+                self._merge_failed(sources, epoch)
 
     # -- delivery -------------------------------------------------------------------------------
 
