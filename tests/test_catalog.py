@@ -739,3 +739,70 @@ def test_merge_commit_with_unknown_outcome_raises_and_resync_tells() -> None:
     catalog.retry_pending_deletes(force=True)
     assert {o.id for o in storage.list_objects()} == {merged.snapshot_id}
     catalog.close()
+
+
+# -- bulk creates written by someone else (offline rebuild) ----------------------------------------
+
+
+def _write(storage: Any, key: str, snapshot: Snapshot) -> Any:
+    from delayindex.storage import BucketRecord
+
+    metadata, segments = snapshot
+    storage.create(metadata, segments, key)
+    return BucketRecord(
+        metadata.start_ledger, metadata.end_ledger, key, metadata.num_messages,
+        metadata.num_segments, storage.length(key),
+    )  # fmt: skip
+
+
+def test_reserve_then_publish_replacing_the_live_buckets(make_env: Callable[[], Env]) -> None:
+    env = make_env()
+    ids = _prepare(env)
+    with Catalog.open(env.storage, NAME) as catalog:
+        with pytest.raises(ValueError, match="overlaps a live bucket"):
+            catalog.reserve_creates([(10, 23)])
+        keys = catalog.reserve_creates([(10, 23), (40, 43)], replacing_live=True)
+        ranges = [(10, 23), (40, 43)]
+        records = [_write(env.storage, k, CONTENT[r]) for k, r in zip(keys, ranges, strict=True)]
+        assert catalog.manifest.live_ids() == set(ids.values())  # untouched until publish
+        replaced = catalog.publish_creates(records, replace_live=True)
+        assert sorted(replaced) == sorted(ids.values())
+    _check(env, [(10, 23), (40, 43)]).close()
+
+
+@pytest.mark.parametrize("crash_after", ["reserve.committed", "written"])
+def test_killed_bulk_create_leaves_no_orphan(make_env: Callable[[], Env], crash_after: str) -> None:
+    env = make_env()
+    ids = _prepare(env)
+    catalog = Catalog.open(env.storage, NAME)
+    keys = catalog.reserve_creates([(40, 43)])
+    if crash_after == "written":
+        _write(env.storage, keys[0], CONTENT[(40, 43)])
+    env.restart()  # the job dies: the catalog is abandoned
+    _check(env, [(10, 13), (20, 23), (30, 33)]).close()
+    assert set(ids.values()) == {o.id for o in env.storage.list_objects()}
+
+
+def test_publish_checks_what_was_written() -> None:
+    from delayindex.storage import BucketRecord
+
+    storage = MemoryStorage()
+    with Catalog.open(storage, NAME) as catalog:
+        [key] = catalog.reserve_creates([(40, 43)])
+        metadata, _ = CONTENT[(40, 43)]
+        missing = BucketRecord(40, 43, key, metadata.num_messages, metadata.num_segments, 10)
+        with pytest.raises(ValueError, match="not written"):
+            catalog.publish_creates([missing])
+        record = _write(storage, key, CONTENT[(40, 43)])
+        with pytest.raises(ValueError, match="bytes"):
+            catalog.publish_creates([replace_size(record, record.snapshot_bytes + 1)])
+        with pytest.raises(ValueError, match="not a reserved create"):
+            catalog.publish_creates([replace_size(record, 0, snapshot_id="other-40-43")])
+        catalog.publish_creates([record])
+        assert catalog.manifest.live_ids() == {key} and catalog.manifest.intents == ()
+
+
+def replace_size(record: Any, size: int, **changes: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(record, snapshot_bytes=max(size, 1), **changes)

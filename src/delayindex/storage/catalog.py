@@ -84,6 +84,7 @@ object ids carry no unambiguous owner, so a catalog never deletes what it did no
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import uuid
@@ -587,6 +588,101 @@ class Catalog:
             self._manifest.intent(i) is None and self._manifest.bucket(i) is None and i not in dead
             for i in ids
         )
+
+    def reserve_creates(
+        self, ranges: Sequence[tuple[int, int]], *, replacing_live: bool = False
+    ) -> list[str]:
+        """Phase 1 of a bulk create whose objects someone else writes (an offline rebuild).
+
+        Commits one create intent per ``(start_ledger, end_ledger)`` (one commit) and returns
+        their keys, in order. The caller writes each object with ``storage.create(metadata,
+        segments, key)`` (from any process that can reach the storage), then calls
+        :meth:`publish_creates`. A crash in between leaves create intents, which repair rolls
+        back: no orphan, and the live buckets are untouched.
+
+        Args:
+            ranges: disjoint ranges, each ``start <= end``.
+            replacing_live: the new buckets will replace *every* live bucket at publish time,
+                so they may overlap live ones now.
+
+        Raises:
+            ValueError: overlapping ranges (with each other, or with live buckets unless
+                ``replacing_live``), or a bad range; nothing changed.
+            StorageError, ManifestConflictError: the commit failed; nothing changed.
+        """
+        with self._mutex:
+            self._check_open()
+            self._sync()
+            ordered = sorted(ranges)
+            for (a, b), (c, d) in itertools.pairwise(ordered):
+                if c <= b:
+                    raise ValueError(f"ranges [{a}, {b}] and [{c}, {d}] overlap")
+            manifest = self._manifest
+            intents: list[Intent] = []
+            for start, end in ranges:
+                if not replacing_live and manifest.overlapping(start, end):
+                    raise ValueError(f"range [{start}, {end}] overlaps a live bucket")
+                intents.append(Intent("create", self._new_key(start, end, intents), start, end))
+            for intent in intents:
+                manifest = manifest.with_intent(intent)
+            if intents:
+                self._commit(manifest)
+            self._hook("reserve.committed")
+            return [i.snapshot_id for i in intents]
+
+    def publish_creates(
+        self, records: Sequence[BucketRecord], *, replace_live: bool = False
+    ) -> list[str]:
+        """Phase 2: make reserved buckets live (one commit) once their objects are written.
+
+        Each record's object must exist with ``snapshot_bytes`` bytes. With ``replace_live``
+        every other live bucket becomes a delete intent in the same commit, and is then
+        deleted (failures stay as pending intents, as in :meth:`delete_bucket`). Reserved keys
+        not published stay as create intents: :meth:`retry_pending_deletes` or the next open
+        rolls them back. Returns the ids that were replaced.
+
+        Raises:
+            ValueError: a record's key is not a reserved create intent, its range differs from
+                the reservation, or its object is missing or of another size; nothing changed.
+            StorageError, ManifestConflictError: the commit failed (as for :meth:`apply_batch`
+                step 3); the reservations stay and are rolled back later.
+        """
+        with self._mutex:
+            self._check_open()
+            self._sync()
+            manifest = self._manifest
+            for record in records:
+                intent = manifest.intent(record.snapshot_id)
+                if intent is None or intent.kind != "create":
+                    raise ValueError(f"{record.snapshot_id!r} is not a reserved create")
+                if (intent.start_ledger, intent.end_ledger) != (
+                    record.start_ledger,
+                    record.end_ledger,
+                ):
+                    raise ValueError(f"{record.snapshot_id!r}: range differs from its reservation")
+                try:
+                    size = self._storage.length(record.snapshot_id)
+                except SnapshotNotFoundError:
+                    raise ValueError(f"{record.snapshot_id!r}: object not written") from None
+                if size != record.snapshot_bytes:
+                    raise ValueError(
+                        f"{record.snapshot_id!r}: object is {size} bytes, "
+                        f"the record says {record.snapshot_bytes}"
+                    )
+            replaced = list(manifest.buckets) if replace_live else []
+            for old in replaced:
+                manifest = manifest.without_bucket(old.snapshot_id).with_intent(
+                    Intent("delete", old.snapshot_id, old.start_ledger, old.end_ledger)
+                )
+            for record in records:
+                manifest = manifest.without_intent(record.snapshot_id).with_bucket(record)
+            self._commit(manifest)
+            self._hook("publish.committed")
+            for old in replaced:
+                pending = self._manifest.intent(old.snapshot_id)
+                if pending is not None:
+                    self._finish_delete(pending)
+            return [old.snapshot_id for old in replaced]
 
     def retry_dead_letters(self, snapshot_ids: Iterable[str] | None = None) -> RetryReport:
         """Move dead letters (all, or ``snapshot_ids``) back to pending deletes and retry them now.
