@@ -9,6 +9,10 @@
   manifest references, unfinished intents and dead letters (``delayindex.gc``). A dry run unless
   ``--delete``; never touches an object younger than the grace period or one any manifest
   references.
+* ``delayindex gen-dump OUT --messages N [--entries-per-ledger] [--delayed-fraction]
+  [--delay-mix] [--seed] [--format] [--start-ms]``: write a synthetic topic dump
+  (``delayindex.dump``, ``docs/dump-format.md``) in chunks, with a progress bar. Needs pyarrow
+  (the ``spark`` extra). OUT must not exist unless ``--force``; it appears only when complete.
 
 ``--store`` is a FileStorage directory; it must exist (it is never created). ``--json`` prints
 one JSON document on stdout (keys documented in the README; tables and progress bars are for
@@ -53,6 +57,7 @@ from delayindex import __version__
 from delayindex.errors import DelayIndexError
 from delayindex.storage.file import FileStorage
 from delayindex.storage.manifest import validate_key
+from delayindex.workload import DEFAULT_START_MS, DELAY_MIXES
 
 if TYPE_CHECKING:
     from delayindex.gc import GcReport, Orphan
@@ -105,6 +110,17 @@ def parse_grace(text: str) -> int:
             "one of ms, s, m, h, d (e.g. 30s, 10m, 2h, 1d)"
         )
     return int(match.group(1)) * GRACE_UNITS[match.group(2)]
+
+
+def _fraction(text: str) -> float:
+    """An argparse type: a number in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
 
 
 def _name(text: str) -> str:
@@ -199,6 +215,58 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gc.add_argument("--json", action="store_true", help="print the report as JSON")
     gc.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    gen = sub.add_parser(
+        "gen-dump",
+        help="write a synthetic topic dump (Parquet, JSON Lines or CSV) to rebuild or verify from",
+        description="Write a realistic, deterministic topic dump: one row per message in topic "
+        "order with ledger_id, entry_id, deliver_at (null: not delayed) and publish_time. "
+        "The format follows OUT's extension (.parquet, .jsonl/.json, .csv, optionally .gz) or "
+        "--format (default Parquet). See docs/dump-format.md. " + EXIT_CODES_HELP,
+        epilog="Exit 2 also when OUT exists (use --force) or pyarrow is missing (install the "
+        "spark extra); exit 3 when writing fails (OUT is then left as it was).",
+    )
+    gen.add_argument("out", type=Path, metavar="OUT", help="the dump file to write")
+    gen.add_argument("--messages", type=_int_at_least(0), required=True, help="rows to write")
+    gen.add_argument(
+        "--entries-per-ledger",
+        type=_int_at_least(1),
+        default=1000,
+        help="entries per ledger, at most 2**32 (default 1000)",
+    )
+    gen.add_argument(
+        "--delayed-fraction",
+        type=_fraction,
+        default=0.5,
+        help="share of delayed messages, 0 to 1 (default 0.5)",
+    )
+    gen.add_argument(
+        "--delay-mix",
+        choices=DELAY_MIXES,
+        default="realistic",
+        help="fixed: 60 s; uniform: 1 s-1 h; realistic (default): 70%% 1-60 s, 25%% 1-60 min, "
+        "5%% 1-10 days; midnight-burst: half due at the next UTC midnight, rest realistic",
+    )
+    gen.add_argument("--seed", type=_int_at_least(0), default=7, help="default 7")
+    gen.add_argument(
+        "--format",
+        choices=("parquet", "jsonl", "json", "csv"),
+        default=None,
+        help="default: from OUT's extension, else parquet",
+    )
+    gen.add_argument(
+        "--start-ms",
+        type=_int_at_least(0),
+        default=DEFAULT_START_MS,
+        help=f"publish time of the first message, epoch ms (default {DEFAULT_START_MS}: "
+        "2026-01-01 UTC)",
+    )
+    gen.add_argument(
+        "--first-ledger", type=_int_at_least(0), default=1, help="first ledger id (default 1)"
+    )
+    gen.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    gen.add_argument("--json", action="store_true", help="print the summary as JSON")
+    gen.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return parser
 
 
@@ -672,6 +740,94 @@ def _gc(args: argparse.Namespace, console: Console) -> int:
     return code
 
 
+# -- gen-dump -------------------------------------------------------------------------------------
+
+
+def _gen_dump(args: argparse.Namespace, console: Console) -> int:
+    from delayindex.dump import ENTRY_ID_LIMIT, DumpWriter, detect_format, iter_generated
+
+    out: Path = args.out
+    fmt = "jsonl" if args.format == "json" else args.format
+    by_name = detect_format(out)
+    if fmt is not None and by_name is not None and fmt != by_name:
+        raise _UsageError(f"--format {args.format} does not match the extension of {out}")
+    if out.is_dir():
+        raise _UsageError(f"{out} is a directory; OUT names the dump file to write")
+    if out.exists() and not args.force:
+        raise _UsageError(f"{out} exists; pass --force to replace it")
+    if args.entries_per_ledger > ENTRY_ID_LIMIT:
+        raise _UsageError(f"--entries-per-ledger must be <= 2**32, got {args.entries_per_ledger}")
+    try:
+        chunks = iter_generated(
+            args.messages,
+            entries_per_ledger=args.entries_per_ledger,
+            delayed_fraction=args.delayed_fraction,
+            delay_mix=args.delay_mix,
+            seed=args.seed,
+            start_ms=args.start_ms,
+            first_ledger=args.first_ledger,
+        )
+    except ValueError as exc:  # e.g. ids or times that would overflow int64
+        raise _UsageError(str(exc)) from None
+    writer = DumpWriter(out, fmt)
+    started = time.perf_counter()
+    delayed = 0
+    last_publish = args.start_ms
+    with _progress(not (args.json or args.no_progress), "gen-dump") as progress, writer:
+        progress("rows", 0, args.messages)
+        for chunk in chunks:
+            writer.write(chunk)
+            delayed += int(chunk.delayed_mask.sum())
+            if chunk.publish_time is not None and len(chunk):
+                last_publish = int(chunk.publish_time[-1])
+            progress("rows", writer.rows, args.messages)
+    seconds = time.perf_counter() - started
+    ledgers = -(-args.messages // args.entries_per_ledger)
+    payload: dict[str, Any] = {
+        "command": "gen-dump",
+        "path": str(out),
+        "format": writer.fmt,
+        "messages": writer.rows,
+        "delayed": delayed,
+        "delayed_fraction": args.delayed_fraction,
+        "delay_mix": args.delay_mix,
+        "entries_per_ledger": args.entries_per_ledger,
+        "ledgers": ledgers,
+        "first_ledger": args.first_ledger,
+        "last_ledger": args.first_ledger + max(ledgers - 1, 0),
+        "seed": args.seed,
+        "start_ms": args.start_ms,
+        "last_publish_ms": last_publish,
+        "bytes": out.stat().st_size,
+        "seconds": round(seconds, 3),
+        "exit_code": EXIT_OK,
+    }
+    if args.json:
+        _print_json(console, payload)
+        return EXIT_OK
+    table = Table(title=f"delayindex gen-dump: {escape(str(out))}", title_justify="left")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    share = delayed / writer.rows if writer.rows else 0.0
+    for what, value in (
+        ("format", writer.fmt),
+        ("messages", f"{writer.rows:,}"),
+        ("  delayed", f"{delayed:,} ({share:.1%}, mix {args.delay_mix})"),
+        (
+            "ledgers",
+            f"{ledgers:,} ({payload['first_ledger']}-{payload['last_ledger']}, "
+            f"{args.entries_per_ledger:,} entries each)",
+        ),
+        ("publish times", f"{_stamp(args.start_ms)} - {_stamp(last_publish)}"),
+        ("seed", str(args.seed)),
+        ("file size", _size(payload["bytes"])),
+        ("time", f"{seconds:.2f} s ({writer.rows / max(seconds, 1e-9) / 1e6:.2f} M rows/s)"),
+    ):
+        table.add_row(what, value)
+    console.print(table)
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``delayindex`` command; returns the exit code."""
     parser = build_parser()
@@ -679,6 +835,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     if args.command == "demo":
         return _demo(args, console)
+    if args.command == "gen-dump":
+        errors = Console(stderr=True)
+        try:
+            return _gen_dump(args, console)
+        except (_UsageError, ImportError) as exc:
+            errors.print(
+                f"delayindex gen-dump: error: {escape(str(exc))}", highlight=False, soft_wrap=True
+            )
+            return EXIT_USAGE
+        except OSError as exc:
+            errors.print(
+                f"delayindex gen-dump: I/O error: {escape(str(exc))}",
+                highlight=False,
+                soft_wrap=True,
+            )
+            return EXIT_STORE_ERROR
     if args.command in ("inspect", "gc"):
         errors = Console(stderr=True)
         run = _inspect if args.command == "inspect" else _gc
