@@ -1,14 +1,18 @@
-"""Shared fixtures: implementation pairs (native/pure), clocks, hypothesis profiles.
+"""Shared fixtures: implementation pairs (native/pure), clocks, hypothesis profiles, Spark.
 
 Tests import the *installed* package (``--import-mode=importlib``). The public API uses whatever
 ``delayindex._impl`` selected (``DELAYINDEX_NO_EXTENSIONS=1`` forces pure; CI runs the suite both
 ways); structure-level tests additionally run every available twin in the same session.
+
+Spark tests (marked ``spark``) share one session-scoped local SparkSession (one JVM for the
+run). They skip when pyspark/pyarrow or a Java 17+ is missing, except under ``CI``, where a
+missing Spark set-up fails them instead: CI must run them.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -59,3 +63,22 @@ def core_cls(request: pytest.FixtureRequest) -> Any:
 def clock() -> ManualClock:
     """A manual clock at t = 1_000_000 ms."""
     return ManualClock(1_000_000)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local SparkSession for the whole run: ``local[2]``, 2 shuffle partitions, quick JVM
+    start. Skips without pyspark/pyarrow/Java 17+, but fails under ``CI``."""
+    from delayindex.spark import SparkUnavailableError, find_java_home, local_session, require_spark
+
+    try:
+        require_spark()
+        if find_java_home() is None:
+            raise SparkUnavailableError("no Java 17+ found (JAVA_HOME, PATH, /usr/lib/jvm)")
+    except SparkUnavailableError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"Spark tests must run in CI: {exc}")
+        pytest.skip(f"Spark unavailable: {exc}")
+    session = local_session("local[2]", shuffle_partitions=2, app_name="delayindex-tests")
+    yield session
+    session.stop()

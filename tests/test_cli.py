@@ -1,4 +1,4 @@
-"""The ``delayindex`` command line: the demo verifies itself and exit codes follow the docs."""
+"""The ``delayindex`` command line: ``simulate`` verifies itself and exit codes follow the docs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from delayindex.demo import DemoResult, run_demo
 
 
 def test_demo_json_verifies(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--messages", "30000", "--json"]) == EXIT_OK
+    assert main(["simulate", "--messages", "30000", "--json"]) == EXIT_OK
     result = json.loads(capsys.readouterr().out)
     assert result["ok"] is True
     assert result["messages"] == 30_000
@@ -24,7 +24,9 @@ def test_demo_json_verifies(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_demo_table(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--messages", "5000", "--strict", "--tick-ms", "0", "--no-progress"]) == 0
+    assert (
+        main(["simulate", "--messages", "5000", "--strict", "--tick-ms", "0", "--no-progress"]) == 0
+    )
     out = capsys.readouterr().out
     assert "verified" in out and "lost" in out
 
@@ -36,7 +38,15 @@ def test_demo_result_flags_problems() -> None:
     assert not broken.ok
 
 
-@pytest.mark.parametrize("argv", [["demo", "--messages", "0"], ["demo", "--tick-ms", "-1"], []])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--messages", "0"],
+        ["simulate", "--tick-ms", "-1"],
+        ["demo", "--messages", "0"],
+        [],
+    ],
+)
 def test_usage_errors_exit_2(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -45,7 +55,7 @@ def test_usage_errors_exit_2(argv: list[str]) -> None:
 
 def test_python_dash_m_entry_point() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "delayindex", "demo", "--messages", "2000", "--json"],
+        [sys.executable, "-m", "delayindex", "simulate", "--messages", "2000", "--json"],
         capture_output=True,
         text=True,
         check=False,

@@ -335,18 +335,20 @@ def storm_size(run: Run, d: Dispatcher) -> list[str]:
         out.append(f"only {sum(failed_calls.values())} injected failures: {failed_calls}")
     # The ops a DelayIndex uses all the time (list_* are never called, lock and read_manifest
     # rarely: on open, and after a failed commit).
-    busy = ("create", "length", "get_segments", "delete", "commit_manifest")
-    out += [f"no injected failure of {op}" for op in busy if not failed_calls[op]]
     if lost_acks == 0:
         out.append("no lost acknowledgement")
+    if d.executor != "inline":
+        # With a thread, group commit batches whatever queued up meanwhile: how many calls each
+        # op makes (hence which ops draw a fault) depends on scheduling. The totals above hold.
+        return out
+    busy = ("create", "length", "get_segments", "delete", "commit_manifest")
+    out += [f"no injected failure of {op}" for op in busy if not failed_calls[op]]
     out += [
         f"no failed {op} in the index: {run.ops}"
         for op in ("create", "load", "delete")
         if not run.ops[op]["failed"]
     ]
-    if d.executor == "inline" and not (
-        run.ops["merge"]["failed"] and run.ops["merge"]["succeeded"]
-    ):
+    if not (run.ops["merge"]["failed"] and run.ops["merge"]["succeeded"]):
         out.append(f"merges did not both fail and succeed: {run.ops['merge']}")
     return out
 

@@ -1,6 +1,9 @@
-"""The ``delayindex`` command line: ``demo``, ``inspect`` and ``gc``.
+"""The ``delayindex`` command line.
 
-* ``delayindex demo``: a dispatcher simulation that verifies every delivery.
+* ``delayindex demo``: the main job (``delayindex.pipeline``): gen-dump, Spark rebuild, open,
+  dispatch on a manual clock, verify the store against the dump, drain; every check must hold.
+* ``delayindex simulate``: a dispatcher simulation over InMemoryTracker that verifies every
+  delivery (``delayindex.demo``).
 * ``delayindex inspect --store PATH [--name N]... [--json]``: per name, the live buckets (ledger
   range, segments, messages, bytes, the segment recovery would load and the next delivery time),
   pending intents, dead letters, the persisted mark-delete position, the writer's last reported
@@ -13,6 +16,15 @@
   [--delay-mix] [--seed] [--format] [--start-ms]``: write a synthetic topic dump
   (``delayindex.dump``, ``docs/dump-format.md``) in chunks, with a progress bar. Needs pyarrow
   (the ``spark`` extra). OUT must not exist unless ``--force``; it appears only when complete.
+* ``delayindex rebuild DUMP --store PATH --name N [--now-ms] [--mark-delete L:E] [--master]
+  [--strict] [--format] [--json]``: rebuild an index from a topic dump with Spark
+  (``delayindex.spark``; the store is created if missing). Config flags
+  ``--min-index-count-per-bucket``, ``--max-num-buckets``, ``--tick-ms``, ``--strict-delivery``.
+* ``delayindex verify DUMP --store PATH --name N [--now-ms] [--mark-delete L:E] [--report
+  FILE.json] [--json] [--no-spark]``: check a store against a topic dump (every expected
+  position in exactly one bucket with its deliver time, no extra position, checksums, manifest,
+  orphans); writes the JSON report to ``--report`` and a readable summary. Rejected dump rows
+  are reported, but only store findings fail the check.
 
 ``--store`` is a FileStorage directory; it must exist (it is never created). ``--json`` prints
 one JSON document on stdout (keys documented in the README; tables and progress bars are for
@@ -26,11 +38,15 @@ Exit codes:
 
 ====  =======================================================================================
 0     success; for ``inspect``/``gc``: nothing wrong, nothing left to collect
-1     a check found problems: the demo found a lost, duplicated or early delivery; ``gc`` (dry
-      run) found garbage or unfinished intents, or could not delete something; dead letters
-      remain; ``inspect`` found a missing or unreadable snapshot
-2     bad usage: bad arguments, a store directory that does not exist, an unknown ``--name``
-3     store error: a damaged manifest (``gc`` then deletes nothing), an I/O failure
+1     a check found problems: ``demo``/``simulate`` found a lost, duplicated or early
+      delivery (or ``demo``'s verify a mismatch); ``gc`` (dry run) found garbage or unfinished
+      intents, or could not delete something; dead letters remain; ``inspect`` found a missing
+      or unreadable snapshot; ``verify`` found a store mismatch; ``rebuild --strict`` found
+      rejected dump rows
+2     bad usage: bad arguments, a store directory that does not exist, an unknown ``--name``;
+      an unreadable dump or one missing a column; pyspark or Java missing (``rebuild``)
+3     store error: a damaged manifest (``gc`` then deletes nothing), an I/O failure, a name
+      whose writer lock is held (``rebuild``)
 ====  =======================================================================================
 """
 
@@ -142,16 +158,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="simulate a dispatcher over a realistic workload and verify every delivery",
-        description="Publish a realistic workload, track it, dispatch it on a manual clock and "
-        "verify that nothing is lost, delivered twice or delivered early.",
+        help="the main job: gen-dump, Spark rebuild, open, dispatch, verify, drain",
+        description="Write a realistic topic dump, rebuild its delayed index with Spark (local "
+        "mode), open it and dispatch on a manual clock, verify the store against the dump, then "
+        "drain everything and check that nothing is lost, delivered twice or early, and that no "
+        "snapshot is left behind. Needs the spark extra and Java 17+.",
     )
     demo.add_argument("--messages", type=_int_at_least(1), default=1_000_000, help="default 1e6")
     demo.add_argument("--seed", type=_int_at_least(0), default=7)
-    demo.add_argument("--tick-ms", type=_int_at_least(0), default=1000)
-    demo.add_argument("--strict", action="store_true", help="never deliver before deliver_at")
+    demo.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    demo.add_argument("--workdir", type=Path, help="keep the dump and the store here")
     demo.add_argument("--json", action="store_true", help="print the result as JSON")
-    demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    demo.add_argument("--no-progress", action="store_true", help="hide the stage messages")
+
+    simulate = sub.add_parser(
+        "simulate",
+        help="simulate a dispatcher over a realistic workload (InMemoryTracker) and verify it",
+        description="Publish a realistic workload, track it, dispatch it on a manual clock and "
+        "verify that nothing is lost, delivered twice or delivered early.",
+    )
+    simulate.add_argument(
+        "--messages", type=_int_at_least(1), default=1_000_000, help="default 1e6"
+    )
+    simulate.add_argument("--seed", type=_int_at_least(0), default=7)
+    simulate.add_argument("--tick-ms", type=_int_at_least(0), default=1000)
+    simulate.add_argument("--strict", action="store_true", help="never deliver before deliver_at")
+    simulate.add_argument("--json", action="store_true", help="print the result as JSON")
+    simulate.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
     inspect = sub.add_parser(
         "inspect",
@@ -267,10 +300,76 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--force", action="store_true", help="replace OUT if it exists")
     gen.add_argument("--json", action="store_true", help="print the summary as JSON")
     gen.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _add_rebuild_commands(sub)
     return parser
 
 
 def _demo(args: argparse.Namespace, console: Console) -> int:
+    from delayindex.pipeline import run_pipeline
+    from delayindex.spark import SparkUnavailableError
+
+    started = time.perf_counter()
+
+    def stage(text: str) -> None:
+        if not args.no_progress and not args.json:
+            elapsed = time.perf_counter() - started
+            console.print(f"[dim]{elapsed:6.1f}s[/] {escape(text)}")
+
+    try:
+        result = run_pipeline(
+            args.messages,
+            seed=args.seed,
+            master=args.master,
+            workdir=args.workdir,
+            keep=args.workdir is not None,
+            progress=stage,
+        )
+    except SparkUnavailableError as exc:
+        console.print(f"[red]delayindex demo:[/] {escape(str(exc))}")
+        return EXIT_USAGE
+    if args.json:
+        console.print_json(json.dumps(result.as_dict()))
+        return EXIT_OK if result.ok else EXIT_CHECK_FAILED
+    table = Table(
+        title=f"delayindex demo: dump -> Spark rebuild -> DelayIndex ({result.implementation})"
+    )
+    table.add_column("stage")
+    table.add_column("result", justify="right")
+    findings = ", ".join(f"{k} {v}" for k, v in result.verify_findings.items()) or "none"
+    rows = [
+        ("topic dump (Parquet)", f"{result.messages:,} messages, {result.dump_bytes / 1e6:.1f} MB"),
+        ("  delayed, not yet due (expected in the index)", f"{result.expected:,}"),
+        ("  rejected rows", f"{result.rejected_rows:,}"),
+        (
+            f"Spark rebuild ({result.spark_master})",
+            f"{result.rebuild_seconds:.1f} s, {result.rebuild_rate / 1e6:.2f} M msg/s",
+        ),
+        ("  buckets / snapshot bytes", f"{result.buckets} / {result.snapshot_bytes / 1e6:.2f} MB"),
+        ("open: recovered indexes", f"{result.recovered:,} in {result.open_seconds * 1e3:.0f} ms"),
+        ("dispatch, first simulated minute", f"{result.short_dispatch_delivered:,} delivered"),
+        ("verify store vs dump", "ok" if result.verify_ok else f"FAILED: {findings}"),
+        ("drain: delivered (all runs)", f"{result.delivered:,}"),
+        ("  redelivered after the reopen (not acked)", f"{result.redelivered:,}"),
+        ("lost", f"{result.lost:,}"),
+        ("delivered twice in one run", f"{result.delivered_twice:,}"),
+        ("early", f"{result.early:,}"),
+        ("unexpected", f"{result.unexpected:,}"),
+        ("snapshot objects left in the store", f"{result.objects_left:,}"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    if result.ok:
+        console.print(
+            "[green]verified:[/] the rebuilt index matches the dump; every message was "
+            "delivered, none lost, none early; the store is empty."
+        )
+        return EXIT_OK
+    console.print("[red]FAILED:[/] the checks above found problems.")
+    return EXIT_CHECK_FAILED
+
+
+def _simulate(args: argparse.Namespace, console: Console) -> int:
     from delayindex.demo import run_demo
 
     show_progress = not args.no_progress and not args.json
@@ -301,7 +400,7 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
         console.print_json(json.dumps(payload))
         return EXIT_OK if result.ok else EXIT_CHECK_FAILED
 
-    table = Table(title=f"delayindex demo: InMemoryTracker ({result.implementation})")
+    table = Table(title=f"delayindex simulate: InMemoryTracker ({result.implementation})")
     table.add_column("metric")
     table.add_column("value", justify="right")
     rate = result.messages / max(result.ingest_seconds, 1e-9)
@@ -828,6 +927,368 @@ def _gen_dump(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
+# -- rebuild and verify (Spark) -------------------------------------------------------------------
+
+#: Dumps smaller than this (about 4 M Parquet rows) run on a quick-start JVM (C1 only); larger
+#: ones get the full JIT, whose faster shuffle and Arrow conversion then repay its slower start
+#: (10 M rows: 14.1 s in all instead of 15.6 s, session start included).
+QUICK_START_BYTES = 16 << 20
+
+
+def _mark_delete(text: str) -> tuple[int, int]:
+    """An argparse type: a mark-delete position ``LEDGER:ENTRY``."""
+    ledger, sep, entry = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        mark = int(ledger.replace("_", "")), int(entry.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"bad position {text!r}: use LEDGER:ENTRY, e.g. 42:17"
+        ) from None
+    if mark[0] < 0 or not 0 <= mark[1] < 2**32:
+        raise argparse.ArgumentTypeError(f"bad position {text!r}: ids out of range")
+    return mark
+
+
+def _add_rebuild_commands(sub: Any) -> None:
+    """The ``rebuild`` and ``verify`` subcommands."""
+    rebuild = sub.add_parser(
+        "rebuild",
+        help="rebuild an index from a topic dump with Spark (offline, instead of a replay)",
+        description="Rebuild index NAME in the store from a topic dump with Spark: keep the "
+        "delayed, not yet due, unacknowledged messages, cut buckets by the online tracker's "
+        "sealing rule, build the snapshots on the executors and publish them with one manifest "
+        "commit that replaces whatever NAME held. A killed run leaves no orphan; a re-run gives "
+        "the same index. Needs the spark extra and Java 17+. " + EXIT_CODES_HELP,
+        epilog="Exit 1: --strict and the dump has rejected rows (nothing was written).",
+    )
+    verify = sub.add_parser(
+        "verify",
+        help="check a store against a topic dump; JSON report and summary, exit 1 on mismatch",
+        description="Check index NAME against a topic dump: every expected position (delayed, "
+        "not due at --now-ms, after --mark-delete) in exactly one live bucket with the same "
+        "deliver time, no extra position, every snapshot fully decoded with good checksums, the "
+        "manifest consistent, orphans listed. Read-only. Use the --now-ms and --mark-delete the "
+        "index was rebuilt with: messages that fell due since show up as extra positions. "
+        + EXIT_CODES_HELP,
+        epilog="Exit 1: any finding (missing snapshot, corrupt snapshot, manifest mismatch, "
+        "missing or extra position, wrong deliver time, orphan).",
+    )
+    for cmd in (rebuild, verify):
+        cmd.add_argument("dump", type=Path, metavar="DUMP", help="dump file or directory")
+        cmd.add_argument("--store", required=True, type=Path, help="FileStorage directory")
+        cmd.add_argument("--name", required=True, type=_name, help="the index name")
+        cmd.add_argument(
+            "--now-ms",
+            type=_int_at_least(0),
+            default=None,
+            help="the time the index is as of, epoch ms (default: now)",
+        )
+        cmd.add_argument(
+            "--mark-delete",
+            type=_mark_delete,
+            default=None,
+            metavar="L:E",
+            help="the cursor's mark-delete position: positions at or below are acknowledged",
+        )
+        cmd.add_argument(
+            "--format", choices=("parquet", "jsonl", "json", "csv"), default=None,
+            help="dump format (default: from the file names)",
+        )  # fmt: skip
+        cmd.add_argument("--strict", action="store_true", help="fail if any dump row is rejected")
+        cmd.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+        cmd.add_argument("--driver-memory", default="1g", help="Spark driver memory (default 1g)")
+        cmd.add_argument(
+            "--partitions", type=_int_at_least(1), default=None,
+            help="scan tasks (default: 2 per core, or one per 8 MB of Parquet)",
+        )  # fmt: skip
+        cmd.add_argument(
+            "--tick-ms", type=_int_at_least(0), default=1000,
+            help="TrackerConfig.tick_ms: due means deliver_at <= now + tick (default 1000)",
+        )  # fmt: skip
+        cmd.add_argument(
+            "--strict-delivery", action="store_true",
+            help="TrackerConfig.strict: due means deliver_at <= now (no tick slack)",
+        )  # fmt: skip
+        cmd.add_argument("--json", action="store_true", help="print the report as JSON")
+        cmd.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    rebuild.add_argument(
+        "--min-index-count-per-bucket", type=_int_at_least(1), default=50_000,
+        help="seal a bucket once it holds this many indexes (default 50000)",
+    )  # fmt: skip
+    rebuild.add_argument(
+        "--max-num-buckets", type=int, default=50,
+        help="merge adjacent buckets down to this many; <= 0: no merging (default 50)",
+    )  # fmt: skip
+    verify.add_argument(
+        "--report", type=Path, default=None, metavar="FILE.json",
+        help="also write the JSON report to this file",
+    )  # fmt: skip
+    verify.add_argument(
+        "--no-spark", action="store_true",
+        help="read the dump in this process (no JVM; the dump must fit in memory)",
+    )  # fmt: skip
+    verify.add_argument(
+        "--grace", type=parse_grace, default=parse_grace("10m"), metavar="DURATION",
+        help="unreferenced objects younger than this are not orphans (default 10m)",
+    )  # fmt: skip
+
+
+def _tracker_config(args: argparse.Namespace) -> Any:
+    from delayindex.config import TrackerConfig
+
+    changes: dict[str, Any] = {"tick_ms": args.tick_ms, "strict": args.strict_delivery}
+    if args.command == "rebuild":
+        changes["min_index_count_per_bucket"] = args.min_index_count_per_bucket
+        changes["max_num_buckets"] = args.max_num_buckets
+    try:
+        return TrackerConfig(**changes)
+    except (TypeError, ValueError) as exc:
+        raise _UsageError(str(exc)) from None
+
+
+@contextmanager
+def _spark_session(args: argparse.Namespace, dump_bytes: int) -> Iterator[Any]:
+    """A Spark session for one command: the running one if there is one (left running), else a
+    new local one (stopped at the end)."""
+    from delayindex.spark import local_session, require_spark
+
+    require_spark()  # a clear error naming the spark extra, before pyspark is imported
+    from pyspark.sql import SparkSession
+
+    running = SparkSession.getActiveSession()
+    session = running or local_session(
+        args.master,
+        driver_memory=args.driver_memory,
+        quick_start=dump_bytes < QUICK_START_BYTES,
+        app_name=f"delayindex {args.command}",
+    )
+    try:
+        yield session
+    finally:
+        if running is None:
+            session.stop()
+
+
+def _dump_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    return 0
+
+
+def _reject_lines(rejects: Any) -> list[str]:
+    """Human lines about a dump's rejected and repeated rows (examples included)."""
+    from delayindex.dump import REASONS
+
+    lines = [f"dump: {escape(rejects.summary())}"]
+    for reason in REASONS:
+        if not rejects.counts.get(reason):
+            continue
+        lines.append(f"  {reason}: {rejects.counts[reason]:,}")
+        for ex in rejects.examples.get(reason, [])[:3]:
+            where = f"row {ex.get('row')}"
+            if "file" in ex:
+                where += f" ({ex['file']} row {ex['file_row']})"
+            lines.append(f"    {escape(where)}: {escape(str(ex.get('detail', '')))}")
+    return lines
+
+
+def _rebuild_human(console: Console, report: Any, args: argparse.Namespace) -> None:
+    table = Table(
+        title=f"delayindex rebuild: {escape(str(args.dump))} -> {escape(str(args.store))} "
+        f"name {escape(args.name)}",
+        title_justify="left",
+    )
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    rows_read = report.rejects.total_rows
+    rate = f"{report.rate / 1e6:.2f} M rows/s"
+    rows = [
+        ("rows read", f"{rows_read:,}"),
+        ("  rejected / repeated", f"{report.rejects.errors:,} / {report.rejects.duplicates:,}"),
+        ("  not delayed", f"{report.not_delayed:,}"),
+        ("  due (deliver_at <= cutoff)", f"{report.due:,}"),
+        ("  acknowledged (<= mark-delete)", f"{report.acked:,}"),
+        ("  tracked", f"{report.tracked:,}"),
+        ("cutoff (now + tick)", _stamp(report.cutoff_ms)),
+        ("mark-delete", "-" if report.mark_delete is None else
+         f"{report.mark_delete[0]}:{report.mark_delete[1]}"),
+        ("buckets (sealed / after merging)", f"{report.planned_buckets} / {len(report.buckets)}"),
+        ("snapshot bytes", _size(report.snapshot_bytes)),
+        ("  per index", f"{report.snapshot_bytes / report.tracked:.2f} B" if report.tracked
+         else "-"),
+        ("replaced buckets", f"{len(report.replaced)}"),
+        ("Spark", f"{report.master}, {report.partitions} scan tasks"),
+        ("time", f"{report.seconds:.2f} s ({rate})"),
+    ]  # fmt: skip
+    rows += [(f"  {phase}", f"{seconds:.2f} s") for phase, seconds in report.phases.items()]
+    for what, value in rows:
+        table.add_row(what, value)
+    console.print(table)
+    if not report.rejects.ok or report.rejects.duplicates:
+        for line in _reject_lines(report.rejects):
+            console.print(line, highlight=False, soft_wrap=True)
+    for note in report.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+    console.print(
+        f"[green]published[/] {len(report.buckets)} buckets as of now_ms={report.now_ms}; "
+        f"verify with: delayindex verify {escape(str(args.dump))} --store "
+        f"{escape(str(args.store))} --name {escape(args.name)} --now-ms {report.now_ms}"
+        + (f" --mark-delete {report.mark_delete[0]}:{report.mark_delete[1]}"
+           if report.mark_delete else ""),
+        soft_wrap=True,
+        highlight=False,
+    )  # fmt: skip
+
+
+def _verify_human(console: Console, report: Any, args: argparse.Namespace) -> None:
+    console.print(
+        f"[bold]verify[/] {escape(str(args.store))} name {escape(args.name)} against "
+        f"{escape(str(args.dump))} as of {_stamp(report.now_ms)} (now_ms={report.now_ms})",
+        soft_wrap=True,
+        highlight=False,
+    )
+    summary = Table(show_header=False, box=None, pad_edge=False)
+    summary.add_column("what")
+    summary.add_column("count", justify="right")
+    for what, count in (
+        ("expected positions (from the dump)", report.expected),
+        ("positions in the store", report.found),
+        ("live buckets", report.buckets),
+        ("segments decoded", report.segments),
+    ):
+        summary.add_row(f"  {what}", f"{count:,}")
+    console.print(summary)
+    for line in _reject_lines(report.rejects):
+        console.print(line, highlight=False, soft_wrap=True)
+    if report.findings:
+        table = Table(title="findings", title_justify="left")
+        table.add_column("kind")
+        table.add_column("count", justify="right")
+        table.add_column("what", overflow="fold")
+        for finding in report.findings[:MAX_ROWS]:
+            text = finding.message
+            if finding.examples:
+                text += "; e.g. " + ", ".join(
+                    json.dumps(ex, sort_keys=True) for ex in finding.examples[:2]
+                )
+            table.add_row(finding.kind, f"{finding.count:,}", escape(text))
+        if len(report.findings) > MAX_ROWS:
+            table.add_row("...", "", f"{len(report.findings) - MAX_ROWS} more (see the JSON)")
+        console.print(table)
+        counts = ", ".join(f"{k} {v:,}" for k, v in report.counts().items())
+        console.print(f"[red]MISMATCH:[/] {counts}", highlight=False)
+    else:
+        console.print(
+            "[green]ok:[/] every expected position is in exactly one bucket with its deliver "
+            "time, nothing extra, every snapshot decodes, the manifest is consistent, no orphans.",
+            highlight=False,
+        )
+    if args.report is not None:
+        console.print(f"report written to {escape(str(args.report))}", highlight=False)
+
+
+def _rebuild_cmd(args: argparse.Namespace, console: Console) -> int:
+    from delayindex.spark import rebuild
+
+    config = _tracker_config(args)
+    fmt = "jsonl" if args.format == "json" else args.format
+    show = not (args.json or args.no_progress)
+    with (
+        _spark_session(args, _dump_bytes(args.dump)) as spark,
+        _progress(show, "rebuild") as progress,
+    ):
+        report = rebuild(
+            spark,
+            args.dump,
+            args.store,
+            args.name,
+            config,
+            now_ms=args.now_ms,
+            mark_delete=args.mark_delete,
+            strict=args.strict,
+            fmt=fmt,
+            partitions=args.partitions,
+            progress=progress,
+        )
+    if args.json:
+        _print_json(console, {"command": "rebuild", **report.as_dict(), "exit_code": EXIT_OK})
+    else:
+        _rebuild_human(console, report, args)
+    return EXIT_OK
+
+
+def _verify_cmd(args: argparse.Namespace, console: Console) -> int:
+    from delayindex.spark import verify
+
+    config = _tracker_config(args)
+    fmt = "jsonl" if args.format == "json" else args.format
+    if not ((args.store / "objects").is_dir() and (args.store / "manifests").is_dir()):
+        raise _UsageError(f"no delayindex store at {args.store}")
+    show = not (args.json or args.no_progress)
+    kwargs: dict[str, Any] = {
+        "now_ms": args.now_ms,
+        "mark_delete": args.mark_delete,
+        "strict": args.strict,
+        "fmt": fmt,
+        "orphan_grace_ms": args.grace,
+    }
+    if args.no_spark:
+        report = verify(None, args.dump, args.store, args.name, config, **kwargs)
+    else:
+        with (
+            _spark_session(args, _dump_bytes(args.dump)) as spark,
+            _progress(show, "verify") as progress,
+        ):
+            report = verify(
+                spark, args.dump, args.store, args.name, config, partitions=args.partitions,
+                progress=progress, **kwargs,
+            )  # fmt: skip
+    code = EXIT_OK if report.ok else EXIT_CHECK_FAILED
+    payload = {"command": "verify", **report.as_dict(), "exit_code": code}
+    if args.report is not None:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    if args.json:
+        _print_json(console, payload)
+    else:
+        _verify_human(console, report, args)
+    return code
+
+
+def _run_rebuild_command(args: argparse.Namespace, console: Console) -> int:
+    """``rebuild``/``verify`` with their errors mapped to exit codes (module docs)."""
+    from delayindex.dump import DumpError
+    from delayindex.spark import SparkUnavailableError
+
+    errors = Console(stderr=True)
+
+    def fail(code: int, kind: str, exc: BaseException) -> int:
+        errors.print(
+            f"delayindex {args.command}: {kind}: {escape(str(exc))}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return code
+
+    run = _rebuild_cmd if args.command == "rebuild" else _verify_cmd
+    try:
+        return run(args, console)
+    except DumpError as exc:
+        if exc.report is not None and not exc.report.ok:  # --strict found rejected rows
+            for line in _reject_lines(exc.report):
+                errors.print(line, highlight=False, soft_wrap=True)
+            return fail(EXIT_CHECK_FAILED, "rejected rows (--strict)", exc)
+        return fail(EXIT_USAGE, "bad dump", exc)
+    except (_UsageError, FileNotFoundError, SparkUnavailableError, ImportError) as exc:
+        return fail(EXIT_USAGE, "error", exc)
+    except (DelayIndexError, OSError) as exc:
+        return fail(EXIT_STORE_ERROR, "store error", exc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``delayindex`` command; returns the exit code."""
     parser = build_parser()
@@ -835,6 +1296,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     if args.command == "demo":
         return _demo(args, console)
+    if args.command == "simulate":
+        return _simulate(args, console)
     if args.command == "gen-dump":
         errors = Console(stderr=True)
         try:
@@ -851,6 +1314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 soft_wrap=True,
             )
             return EXIT_STORE_ERROR
+    if args.command in ("rebuild", "verify"):
+        return _run_rebuild_command(args, console)
     if args.command in ("inspect", "gc"):
         errors = Console(stderr=True)
         run = _inspect if args.command == "inspect" else _gc

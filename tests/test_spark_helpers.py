@@ -1,0 +1,166 @@
+"""``delayindex.spark`` helpers that need no JVM: Java discovery, argument checks, the CLI's
+position parser, and the locator arithmetic of the scan's reject examples."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from delayindex.cli import _mark_delete
+from delayindex.dump import RejectReport
+from delayindex.spark import SparkUnavailableError, local_session, session
+from delayindex.spark.job import LOC_SHIFT, _check_args, _locate_examples
+
+
+def _fake_java(home: Path, version_line: str) -> Path:
+    """A ``<home>/bin/java`` that prints ``version_line`` to stderr, as ``java -version`` does."""
+    java = home / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text(f"#!/bin/sh\necho '{version_line}' >&2\n")
+    java.chmod(java.stat().st_mode | stat.S_IEXEC)
+    return java
+
+
+@pytest.mark.parametrize(
+    ("line", "major"),
+    [
+        ('openjdk version "17.0.15" 2025-04-15', 17),
+        ('openjdk version "21" 2023-09-19', 21),
+        ('java version "1.8.0_392"', 8),
+        ("no version here", None),
+    ],
+)
+def test_java_major_version_reads_java_dash_version(tmp_path: Path, line: str, major: int) -> None:
+    assert session.java_major_version(_fake_java(tmp_path, line)) == major
+
+
+def test_java_major_version_of_something_that_does_not_run(tmp_path: Path) -> None:
+    assert session.java_major_version(tmp_path / "missing") is None
+
+
+def test_find_java_home_prefers_a_suitable_java_home_and_skips_old_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = tmp_path / "jdk8"
+    _fake_java(old, 'java version "1.8.0_392"')
+    good = tmp_path / "jvm" / "jdk-21"
+    _fake_java(good, 'openjdk version "21.0.2"')
+    monkeypatch.setattr(session, "_JVM_DIRS", (str(tmp_path / "jvm"),))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(session, "require_spark", lambda: None)  # whether pyspark is installed
+    session.find_java_home.cache_clear()
+    try:
+        monkeypatch.setenv("JAVA_HOME", str(old))
+        assert session.find_java_home() == str(good)  # Java 8 refused, the JVM dir found
+        session.find_java_home.cache_clear()
+        monkeypatch.setenv("JAVA_HOME", str(good))
+        assert session.find_java_home() == str(good)
+        session.find_java_home.cache_clear()
+        monkeypatch.setattr(session, "_JVM_DIRS", ())
+        monkeypatch.setenv("JAVA_HOME", str(old))
+        assert session.find_java_home() is None
+        with pytest.raises(SparkUnavailableError, match="no Java 17-25 found"):
+            local_session()
+    finally:
+        session.find_java_home.cache_clear()
+
+
+def test_local_session_checks_its_arguments() -> None:
+    with pytest.raises(ValueError, match="shuffle_partitions"):
+        local_session(shuffle_partitions=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"name": "a/b"}, ValueError, "index name"),
+        ({"config": {"tick_ms": 1}}, TypeError, "TrackerConfig"),
+        ({"now_ms": 1.5}, TypeError, "now_ms"),
+        ({"mark_delete": (1,)}, TypeError, "mark_delete"),
+        ({"mark_delete": (1, 2**32)}, ValueError, "entry_id"),
+        ({"mark_delete": (-1, 0)}, ValueError, "ledger_id"),
+    ],
+)
+def test_rebuild_arguments_are_checked_up_front(kwargs: dict, error: type, match: str) -> None:
+    from delayindex import TrackerConfig
+
+    args = {"name": "n", "config": TrackerConfig(), "now_ms": 0, "mark_delete": None, **kwargs}
+    with pytest.raises(error, match=match):
+        _check_args(args["name"], args["config"], args["now_ms"], args["mark_delete"])
+
+
+def test_check_args_defaults_now_to_the_wall_clock() -> None:
+    from delayindex import TrackerConfig, wall_clock_ms
+
+    before = wall_clock_ms()
+    _, now, mark = _check_args("n", TrackerConfig(), None, [3, 4])
+    assert before <= now <= wall_clock_ms() and mark == (3, 4)
+
+
+def test_mark_delete_argument() -> None:
+    assert _mark_delete("42:17") == (42, 17)
+    assert _mark_delete("1_000:0") == (1000, 0)
+    for bad in ("42", "a:b", "-1:0", f"1:{2**32}"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _mark_delete(bad)
+
+
+def test_examples_get_global_rows_files_and_details_back() -> None:
+    report = RejectReport(total_rows=30)
+    loc = (1 << LOC_SHIFT) | 4  # row 4 of the second file
+    report.record(
+        "duplicate",
+        1,
+        [{"row": loc, "detail": f"repeats row {(1 << LOC_SHIFT) | 2} (kept)"}],
+    )
+    report.record("null_id", 1, [{"row": 7, "detail": "ledger_id is null"}])
+    _locate_examples(report, {0: 10, 1: 20}, ("a.csv", "b.csv"))
+    duplicate = report.examples["duplicate"][0]
+    assert duplicate == {
+        "row": 14,
+        "detail": "repeats row 12 (kept)",
+        "file": "b.csv",
+        "file_row": 4,
+    }
+    assert report.examples["null_id"][0] == {
+        "row": 7,
+        "detail": "ledger_id is null",
+        "file": "a.csv",
+        "file_row": 7,
+    }
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("", "1 skipped"), ("1", "1 error")])
+def test_the_spark_fixture_skips_without_java_but_fails_in_ci(
+    tmp_path: Path, ci: str, outcome: str
+) -> None:
+    """The ``spark`` fixture of tests/conftest.py, in a pytest run that finds no Java."""
+    (tmp_path / "no_java.py").write_text(
+        "import delayindex.spark.session as s\ns._JVM_DIRS = ()\ns.find_java_home.cache_clear()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "CI")}
+    env.update(PATH=str(tmp_path), PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+    if ci:
+        env["CI"] = ci
+    test = "tests/test_spark_rebuild.py::test_strict_fails_on_rejected_rows_before_writing"
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no_java", "-p", "no:cacheprovider", "-q", test],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert outcome in done.stdout, done.stdout + done.stderr
+    if ci:
+        assert "Spark tests must run in CI" in done.stdout
+    else:
+        assert "Spark unavailable" in done.stdout or "SKIPPED" in done.stdout
