@@ -80,7 +80,7 @@ MAX_OPEN_ATTEMPTS = 1_000
 MAX_EMPTY_POLLS = 50
 #: Injected failures a run must see (measured: ~230 inline in both modes; with the thread
 #: executor group commit batches more, so there are fewer storage calls: ~80-100).
-MIN_INJECTED = {"inline": 150, "thread": 40}
+MIN_INJECTED = {"inline": 150, "thread": 20}  # a thread batches more: fewer calls
 
 Int64Array = npt.NDArray[np.int64]
 
