@@ -580,8 +580,9 @@ def rebuild_local(
     )
     try:
         previous_mark = catalog.manifest.mark_delete
-        keys = catalog.reserve_creates(ranges, replacing_live=True)
         try:
+            # Inside the try: a reservation whose commit outcome is unknown is rolled back too.
+            keys = catalog.reserve_creates(ranges, replacing_live=True)
             records: list[BucketRecord] = []
             for k, ((start, end), key) in enumerate(zip(ranges, keys, strict=True)):
                 rows = order[bounds[k] : bounds[k + 1]]
