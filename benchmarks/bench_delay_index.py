@@ -1,27 +1,30 @@
 """DelayIndex benchmarks that have no in-memory counterpart: reopen versus replay, seal latency.
 
-Inputs: the first ``n`` delayed messages of the realistic workload (``n`` = the largest
-``--bench-sizes``; use ``--bench-sizes 10000000`` for the acceptance figures), shifted a day into
-the future so all of them are tracked.
+Inputs: the first ``n`` delayed messages of the gen-dump workload (``n`` = the largest size of
+the tier or of ``--bench-sizes``; the full tier reaches the acceptance size 1e7), shifted a day
+into the future so all of them are tracked.
 
 ``reopen-<n>``
     Setup (untimed, once per session): a DelayIndex with default settings on FileStorage ingests
     the ``n`` messages with ``add_many``, flushes and closes. Timed: ``DelayIndex.open`` of that
     store, ready to poll (recovery: metadata, bitmaps of live segments, first live segment of
-    every bucket). Compared, in the same group, with what a restart costs without snapshots:
-    replaying the same messages into ``InMemoryTracker`` per message (``add``, as a dispatcher
-    re-reading its backlog does) and in batches (``add_many``), and into the ``heapq`` baseline.
-    Each replay's ``extra_info["reopen_speedup"]`` is its time over the reopen's. From 10 M
+    every bucket), native and on the pure build. Compared, in the same group, with what a
+    restart costs without snapshots: replaying the same messages into ``InMemoryTracker`` per
+    message (``add``, as a dispatcher re-reading its backlog does) and in batches (``add_many``,
+    native and pure build), and into the heapq (reference) and SortedList baselines. Each
+    replay's ``extra_info["reopen_speedup"]`` is its time over the native reopen's. From 10 M
     messages on, the reopen must be at least 10x faster than the per-message replay (asserted;
     smaller indexes are dominated by fixed costs). The replays leave out re-reading the messages
-    from the topic, which a real replay also pays.
+    from the topic, which a real replay also pays. Redis has no row: its restart is a server
+    reload, not something this process does.
 ``seal-latency-<n>``
     Sustained per-call ``add`` of the ``n`` messages at default settings (a seal every 50 000
     indexes, background encoding, writing and merging) with the wall clock. Each call is timed;
     ``extra_info`` reports the longest call (``max_add_ms``), the 99.99th percentile and the
-    seal count. InMemoryTracker and heapq run the same loop for comparison (their longest calls
-    are heap reallocations and GC pauses). Rows are streamed from the int64 arrays 4096 at a
-    time, as a dispatcher reading its topic holds them.
+    seal count. InMemoryTracker (native and pure), DelayIndex on the pure build, heapq and
+    SortedList run the same loop for comparison (their longest calls are heap reallocations and
+    GC pauses); the benchmark's time is the whole timed loop. Rows are streamed from the int64
+    arrays 4096 at a time, as a dispatcher reading its topic holds them.
 
 Run::
 
@@ -39,8 +42,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support import KIND_LABELS, record, record_rate, rounds_for, slowed
 
-from delayindex import DelayIndex, FileStorage, InMemoryTracker, ManualClock, wall_clock_ms
+from delayindex import DelayIndex, FileStorage, InMemoryTracker, ManualClock
 
 BATCH_ROWS = 100_000
 STREAM_ROWS = 4096
@@ -78,8 +82,7 @@ def _replay_in_memory(data: Any) -> int:
     return len(tracker)
 
 
-def _replay_in_memory_each(data: Any) -> int:
-    tracker = InMemoryTracker(clock=ManualClock(data.now_ms))
+def _replay_each(tracker: Any, data: Any) -> int:
     add = tracker.add
     for ledger_id, entry_id, deliver_at in zip(
         data.ledger_list, data.entry_list, data.deliver_list, strict=True
@@ -88,65 +91,66 @@ def _replay_in_memory_each(data: Any) -> int:
     return len(tracker)
 
 
-def _replay_heapq(data: Any, make_tracker: Any) -> int:
-    tracker = make_tracker("heapq", ManualClock(data.now_ms))
-    add = tracker.add
-    for ledger_id, entry_id, deliver_at in zip(
-        data.ledger_list, data.entry_list, data.deliver_list, strict=True
-    ):
-        add(ledger_id, entry_id, deliver_at)
-    return len(tracker)
-
-
-REOPEN_KINDS = [
-    "delay_index-reopen",
-    "in_memory-replay-add_many",
-    "in_memory-replay-add",
-    "heapq-replay",
+#: (kind, mode, label) of the reopen group's rows; heapq is the reference.
+REOPEN_ROWS = [
+    ("delay_index", "reopen", "DelayIndex.open (FileStorage)"),
+    ("delay_index-pure", "reopen", "DelayIndex.open (FileStorage, pure build)"),
+    ("in_memory", "replay-add_many", "replay into InMemoryTracker.add_many"),
+    ("in_memory", "replay-add", "replay into InMemoryTracker.add (per message)"),
+    ("in_memory-pure", "replay-add_many", "replay into InMemoryTracker.add_many (pure build)"),
+    ("heapq", "replay", "replay into heapq+set"),
+    ("sortedlist", "replay", "replay into SortedList+set"),
 ]
-REOPEN_LABELS = {
-    "delay_index-reopen": "DelayIndex.open (FileStorage)",
-    "in_memory-replay-add_many": "replay into InMemoryTracker.add_many",
-    "in_memory-replay-add": "replay into InMemoryTracker.add (per message)",
-    "heapq-replay": "replay into heapq+set",
-}
 
 
-@pytest.mark.parametrize("kind", REOPEN_KINDS)
+@pytest.mark.parametrize(
+    ("kind", "mode", "label"), REOPEN_ROWS, ids=[f"{k}-{m}" for k, m, _ in REOPEN_ROWS]
+)
 def test_reopen(
     benchmark: Any,
     reopen_store: tuple[Path, Any],
     max_size_id: str,
-    make_tracker: Any,
+    env: Any,
     kind: str,
+    mode: str,
+    label: str,
     request: pytest.FixtureRequest,
 ) -> None:
     path, data = reopen_store
-    benchmark.group = f"reopen-{max_size_id}"
-    benchmark.extra_info["label"] = REOPEN_LABELS[kind]
+    record(benchmark, f"reopen-{max_size_id}", kind, label, size=len(data))
     times = request.config.stash.setdefault(_REOPEN_KEY, {})
-    if kind == "delay_index-reopen":
-        tracked = benchmark.pedantic(_reopen, args=(path, data.now_ms), rounds=3, iterations=1)
+    rounds = rounds_for(len(data), kind)
+    if mode == "reopen":
+        tracked = benchmark.pedantic(
+            slowed(kind, _reopen), args=(path, data.now_ms), rounds=3, iterations=1
+        )
         # Everything but the never-persisted last mutable bucket (one bucket's worth plus at
         # most one ledger) comes back.
         assert len(data) - 51_000 <= tracked <= len(data)
         benchmark.extra_info["recovered"] = tracked
-        times[kind] = benchmark.stats.stats.min
+        if kind == "delay_index":
+            times["reopen"] = benchmark.stats.stats.min
         return
-    if kind == "heapq-replay":
+    if mode == "replay-add_many":
         tracked = benchmark.pedantic(
-            _replay_heapq, args=(data, make_tracker), rounds=1, iterations=1
+            slowed(kind, _replay_in_memory), args=(data,), rounds=rounds, iterations=1
         )
     else:
-        target = _replay_in_memory if kind.endswith("add_many") else _replay_in_memory_each
-        tracked = benchmark.pedantic(target, args=(data,), rounds=3, iterations=1)
+
+        def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+            return (env.make(kind, ManualClock(data.now_ms)), data), {}
+
+        tracked = benchmark.pedantic(
+            slowed(kind, _replay_each), setup=setup, rounds=rounds, iterations=1
+        )
+    record_rate(benchmark, len(data))
     assert tracked == len(data)
-    if "delay_index-reopen" in times:
-        ratio = benchmark.stats.stats.min / times["delay_index-reopen"]
+    if "reopen" in times:
+        ratio = benchmark.stats.stats.min / times["reopen"]
         benchmark.extra_info["reopen_speedup"] = round(ratio, 1)
         # A dispatcher replays its backlog message by message as it re-reads it: the per-call
         # replay is the bar (>= 10x from 10 M messages; small indexes are fixed-cost bound).
-        if kind == "in_memory-replay-add" and len(data) >= ACCEPTANCE_SIZE:
+        if mode == "replay-add" and len(data) >= ACCEPTANCE_SIZE:
             assert ratio >= 10, f"reopen is only {ratio:.1f}x faster than a replay"
 
 
@@ -184,26 +188,29 @@ def _timed_adds(tracker: Any, data: Any) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("kind", ["delay_index", "in_memory", "heapq"])
+SEAL_KINDS = ["delay_index", "delay_index-pure", "in_memory", "in_memory-pure", "heapq",
+              "sortedlist"]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", SEAL_KINDS)
 def test_seal_latency(
-    benchmark: Any, delayed_cache: Any, max_size: int, max_size_id: str, make_tracker: Any,
-    kind: str,
-) -> None:  # fmt: skip
+    benchmark: Any, delayed_cache: Any, max_size: int, max_size_id: str, env: Any, kind: str
+) -> None:
     data = delayed_cache(max_size)
-    benchmark.group = f"seal-latency-{max_size_id}"
-    benchmark.extra_info["label"] = {
-        "delay_index": "DelayIndex (default settings, FileStorage)",
-        "in_memory": "InMemoryTracker",
-        "heapq": "heapq+set",
-    }[kind]
+    label = KIND_LABELS[kind]
+    if kind.startswith("delay_index"):
+        label += " (default settings, FileStorage)"
+    record(benchmark, f"seal-latency-{max_size_id}", kind, label, size=len(data))
     made: list[Any] = []
 
     def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
-        tracker = make_tracker(kind, wall_clock_ms)
-        made.append(tracker)
-        return (tracker, data), {}
+        made.append(env.make(kind))
+        return (made[-1], data), {}
 
-    figures = benchmark.pedantic(_timed_adds, setup=setup, rounds=1, iterations=1)
+    figures = benchmark.pedantic(
+        slowed(kind, _timed_adds), setup=setup, rounds=rounds_for(len(data), kind), iterations=1
+    )
+    record_rate(benchmark, len(data))
     tracker = made[-1]
     assert len(tracker) == len(data)
     benchmark.extra_info.update(figures)
@@ -212,4 +219,3 @@ def test_seal_latency(
         stats = tracker.stats()
         benchmark.extra_info["seals"] = stats["ops"]["create"]["succeeded"]
         benchmark.extra_info["merges"] = stats["ops"]["merge"]["succeeded"]
-        tracker.close()

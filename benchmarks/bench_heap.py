@@ -1,20 +1,27 @@
-"""Heap benchmarks: delayindex's ``TripleHeap`` (native and pure) against raw ``heapq``.
+"""Heap benchmarks: delayindex's ``TripleHeap`` (native and pure) against ``heapq``, a
+``SortedList`` and the whole ``InMemoryTracker`` doing the same pushes and pops.
 
-Groups (``<n>`` from ``--bench-sizes``, e.g. ``1e5`` and ``1e6``):
+Groups (``<n>`` from the tier or ``--bench-sizes``, e.g. ``1e5``):
 
 ``heap-push-pop-<n>``
     Per-call API: push ``n`` random ``(time, ledger, entry)`` triples one call at a time into a
-    fresh heap, then pop all of them, collecting the popped tuples in a list. Compared:
-    ``TripleHeap`` (native Cython), ``PureTripleHeap`` (the pure-Python twin) and the baseline
-    ``heapq.heappush``/``heappop`` on a list of tuples. Times are random in ``[0, 1e12)``,
-    ledgers in ``[0, 1e5)``, entries ``arange(n)``; every variant gets the same triples as
-    pre-converted Python lists.
+    fresh structure, then pop all of them, collecting what comes out in a list. Rows:
+    ``TripleHeap`` (native Cython, kind ``triple_heap``), ``PureTripleHeap`` (the pure-Python
+    twin, ``triple_heap-pure``), the reference ``heapq.heappush``/``heappop`` on a list of
+    tuples, ``SortedList.add``/``pop(0)``, and ``InMemoryTracker`` (native and pure build)
+    with ``add`` then ``poll(1)`` per message on a manual clock (strict mode): the cost of a
+    whole deduplicating tracker over a bare heap. Times are random in ``[1, 1e12)``, ledgers in
+    ``[0, 1e5)``, entries ``arange(n)``; every row gets the same pre-converted Python lists.
 ``heap-batch-<largest n>``
-    Batch API: native ``push_many`` of the int64 arrays, then ``pop_due(cutoff, 1000)`` until
-    empty, against the ``heapq`` equivalent (``list(zip(...))`` + ``heapify``, then popping
-    batches of at most 1000 heads with ``time <= cutoff``).
+    Batch API: ``push_many`` of the int64 arrays, then ``pop_due(cutoff, 1000)`` until empty
+    (native and pure), against ``heapq`` (``list(zip(...))`` + ``heapify``, then popping batches
+    of at most 1000 heads with ``time <= cutoff``), ``SortedList`` (built from the tuples, then
+    slices of 1000 cut off the front) and ``InMemoryTracker.add_many`` + ``poll(1000)``.
 
-Every round starts from a fresh heap made by the pedantic ``setup`` (not timed); the popped
+Redis has no row here: a heap microbenchmark over a network round trip measures the network;
+the tracker groups have the Redis rows.
+
+Every round starts from a fresh structure made by the pedantic ``setup`` (not timed); the popped
 output is returned so that freeing it is not timed either, and the last round's output is
 checked against the sorted triples outside the timed region.
 
@@ -30,15 +37,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+from sortedcontainers import SortedList
+from support import record, record_rate, rounds_for, slowed
 
+from delayindex import InMemoryTracker, ManualClock, TrackerConfig
 from delayindex._impl import NATIVE, PureTripleHeap, TripleHeap
 
 BATCH = 1000
-ROUNDS = 3
-#: The pure twin takes several seconds per round at this size and above: one round only.
-PURE_ONE_ROUND_FROM = 1_000_000
-
-HEAPS: dict[str, Any] = {"native": TripleHeap, "pure": PureTripleHeap}
+STRICT = TrackerConfig(tick_ms=0, strict=True)
+HEAPS: dict[str, Any] = {"triple_heap": TripleHeap, "triple_heap-pure": PureTripleHeap}
+PUSH_POP_KINDS = ["triple_heap", "triple_heap-pure", "heapq", "sortedlist", "in_memory",
+                  "in_memory-pure"]  # fmt: skip
 
 
 def _push_pop_triple_heap(
@@ -59,37 +68,72 @@ def _push_pop_heapq(
     return [heappop(heap) for _ in range(len(times))]
 
 
-@pytest.mark.parametrize("impl", ["native", "pure"])
-def test_push_pop_triple_heap(benchmark: Any, triples: Any, size_id: str, impl: str) -> None:
-    if impl == "native" and not NATIVE:
+def _push_pop_sortedlist(
+    items: SortedList, times: list[int], ledgers: list[int], entries: list[int]
+) -> list[tuple[int, int, int]]:
+    add = items.add
+    for triple in zip(times, ledgers, entries, strict=True):
+        add(triple)
+    pop = items.pop
+    return [pop(0) for _ in range(len(times))]
+
+
+def _push_pop_tracker(
+    tracker: Any, clock: ManualClock, times: list[int], ledgers: list[int], entries: list[int]
+) -> list[tuple[int, int]]:
+    add = tracker.add
+    for time, ledger, entry in zip(times, ledgers, entries, strict=True):
+        add(ledger, entry, time)
+    clock.set(10**12)
+    poll = tracker.poll
+    return [poll(1)[0] for _ in range(len(times))]
+
+
+@pytest.mark.parametrize("kind", PUSH_POP_KINDS)
+def test_push_pop(benchmark: Any, triples: Any, size_id: str, env: Any, kind: str) -> None:
+    if kind == "triple_heap" and not NATIVE:
         pytest.skip("native extension not in use (DELAYINDEX_NO_EXTENSIONS or no build)")
-    heap_class = HEAPS[impl]
-    benchmark.group = f"heap-push-pop-{size_id}"
-    benchmark.extra_info["label"] = impl
-    rounds = 1 if impl == "pure" and len(triples) >= PURE_ONE_ROUND_FROM else ROUNDS
+    record(benchmark, f"heap-push-pop-{size_id}", kind, size=len(triples))
+    columns = (triples.time_list, triples.ledger_list, triples.entry_list)
+    target: Any
+    if kind in HEAPS:
+        heap_class = HEAPS[kind]
+        target = _push_pop_triple_heap
 
-    def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return (heap_class(), triples.time_list, triples.ledger_list, triples.entry_list), {}
+        def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+            return (heap_class(), *columns), {}
+    elif kind == "heapq":
+        target = _push_pop_heapq
 
-    popped = benchmark.pedantic(_push_pop_triple_heap, setup=setup, rounds=rounds, iterations=1)
-    assert popped == triples.expected
+        def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+            return ([], *columns), {}
+    elif kind == "sortedlist":
+        target = _push_pop_sortedlist
 
+        def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+            return (SortedList(), *columns), {}
+    else:
+        benchmark.extra_info["label"] += " add + poll(1)"
+        target = _push_pop_tracker
 
-def test_push_pop_heapq(benchmark: Any, triples: Any, size_id: str) -> None:
-    benchmark.group = f"heap-push-pop-{size_id}"
-    benchmark.extra_info["label"] = "heapq"
+        def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+            clock = ManualClock(0)
+            return (InMemoryTracker(STRICT, clock=clock), clock, *columns), {}
 
-    def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return ([], triples.time_list, triples.ledger_list, triples.entry_list), {}
-
-    popped = benchmark.pedantic(_push_pop_heapq, setup=setup, rounds=ROUNDS, iterations=1)
-    assert popped == triples.expected
+    popped = benchmark.pedantic(
+        slowed(kind, target), setup=setup, rounds=rounds_for(len(triples), kind), iterations=1
+    )
+    record_rate(benchmark, len(triples))
+    if kind.startswith("in_memory"):
+        assert popped == [(ledger, entry) for _, ledger, entry in triples.expected]
+    else:
+        assert popped == triples.expected
 
 
 # -- batch API --------------------------------------------------------------------------------
 
 
-def _batch_native(
+def _batch_triple_heap(
     heap: Any, times: np.ndarray, ledgers: np.ndarray, entries: np.ndarray, cutoff: int
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     heap.push_many(times, ledgers, entries)
@@ -113,39 +157,90 @@ def _batch_heapq(
     return batches
 
 
+def _batch_sortedlist(
+    times: list[int], ledgers: list[int], entries: list[int], cutoff: int
+) -> list[list[tuple[int, int, int]]]:
+    items = SortedList(zip(times, ledgers, entries, strict=True))
+    batches = []
+    while items and items[0][0] <= cutoff:
+        stop = min(BATCH, items.bisect_right((cutoff, 2**63, 2**63)))
+        batches.append(list(items.islice(0, stop)))
+        del items[:stop]
+    return batches
+
+
+def _batch_tracker(
+    tracker: Any, clock: ManualClock, times: np.ndarray, ledgers: np.ndarray,
+    entries: np.ndarray, cutoff: int,
+) -> list[list[tuple[int, int]]]:  # fmt: skip
+    tracker.add_many(ledgers, entries, times)
+    clock.set(cutoff)
+    batches = []
+    while batch := tracker.poll(BATCH):
+        batches.append(batch)
+    return batches
+
+
+BATCH_KINDS = ["triple_heap", "triple_heap-pure", "heapq", "sortedlist", "in_memory",
+               "in_memory-pure"]  # fmt: skip
+BATCH_LABELS = {
+    "triple_heap": "TripleHeap push_many + pop_due",
+    "triple_heap-pure": "TripleHeap (pure) push_many + pop_due",
+    "heapq": "heapq heapify + heappop",
+    "sortedlist": "SortedList + slices",
+    "in_memory": "InMemoryTracker add_many + poll(1000)",
+    "in_memory-pure": "InMemoryTracker (pure build) add_many + poll(1000)",
+}
+
+
 @pytest.fixture
 def batch_triples(triples_cache: Any, max_size: int) -> Any:
     return triples_cache(max_size)
 
 
-def test_batch_native(benchmark: Any, batch_triples: Any, max_size_id: str) -> None:
-    if not NATIVE:
+@pytest.mark.parametrize("kind", BATCH_KINDS)
+def test_batch(benchmark: Any, batch_triples: Any, max_size_id: str, env: Any, kind: str) -> None:
+    if kind == "triple_heap" and not NATIVE:
         pytest.skip("native extension not in use (DELAYINDEX_NO_EXTENSIONS or no build)")
     data = batch_triples
     cutoff = int(data.times.max())
-    benchmark.group = f"heap-batch-{max_size_id}"
-    benchmark.extra_info["label"] = "native"
+    record(benchmark, f"heap-batch-{max_size_id}", kind, BATCH_LABELS[kind], size=len(data))
+    target: Any
+    if kind in HEAPS:
+        heap_class = HEAPS[kind]
+        target = _batch_triple_heap
 
-    def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return (TripleHeap(), data.times, data.ledgers, data.entries, cutoff), {}
+        def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+            return (heap_class(), data.times, data.ledgers, data.entries, cutoff), {}
+    elif kind in ("heapq", "sortedlist"):
+        target = _batch_heapq if kind == "heapq" else _batch_sortedlist
 
-    batches = benchmark.pedantic(_batch_native, setup=setup, rounds=ROUNDS, iterations=1)
-    assert all(len(batch[0]) == BATCH for batch in batches[:-1])
-    times, ledgers, entries = (np.concatenate(column) for column in zip(*batches, strict=True))
-    expected = data.expected
-    assert len(times) == len(expected)
-    assert list(zip(times.tolist(), ledgers.tolist(), entries.tolist(), strict=True)) == expected
+        def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+            return (data.time_list, data.ledger_list, data.entry_list, cutoff), {}
+    else:
+        target = _batch_tracker
 
+        def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+            clock = ManualClock(0)
+            tracker = InMemoryTracker(STRICT, clock=clock)
+            return (tracker, clock, data.times, data.ledgers, data.entries, cutoff), {}
 
-def test_batch_heapq(benchmark: Any, batch_triples: Any, max_size_id: str) -> None:
-    data = batch_triples
-    cutoff = int(data.times.max())
-    benchmark.group = f"heap-batch-{max_size_id}"
-    benchmark.extra_info["label"] = "heapq"
-
-    def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return (data.time_list, data.ledger_list, data.entry_list, cutoff), {}
-
-    batches = benchmark.pedantic(_batch_heapq, setup=setup, rounds=ROUNDS, iterations=1)
-    assert all(len(batch) == BATCH for batch in batches[:-1])
-    assert [triple for batch in batches for triple in batch] == data.expected
+    batches = benchmark.pedantic(
+        slowed(kind, target), setup=setup, rounds=rounds_for(len(data), kind), iterations=1
+    )
+    record_rate(benchmark, len(data))
+    if kind in HEAPS:
+        assert all(len(batch[0]) == BATCH for batch in batches[:-1])
+        columns = (np.concatenate(column) for column in zip(*batches, strict=True))
+        times, ledgers, entries = columns
+        got = list(zip(times.tolist(), ledgers.tolist(), entries.tolist(), strict=True))
+        assert got == data.expected
+    elif kind in ("heapq", "sortedlist"):
+        assert all(len(batch) == BATCH for batch in batches[:-1])
+        assert [triple for batch in batches for triple in batch] == data.expected
+    else:
+        # poll returns each batch sorted by position; batches follow deliver-time order.
+        assert all(len(batch) == BATCH for batch in batches[:-1])
+        expected = [(ledger, entry) for _, ledger, entry in data.expected]
+        for i, batch in enumerate(batches):
+            assert batch == sorted(expected[i * BATCH : (i + 1) * BATCH])

@@ -5,7 +5,8 @@ way ``delayindex gen-dump`` writes it (``iter_generated`` through ``DumpWriter``
 per ledger, half the messages delayed, the realistic delay mix), and ``now`` = the first
 publish time, so every delayed message is tracked (the most work for both paths).
 
-``spark-rebuild-<n>`` (one group, three rows):
+``spark-rebuild-<n>`` (one group; marked ``full_tier``: the quick tier runs it only when this
+file is named on the command line):
 
 ``rebuild``
     ``delayindex.spark.rebuild`` on a ``local[2]`` session with the full JIT (``quick_start=
@@ -19,7 +20,10 @@ publish time, so every delayed message is tracked (the most work for both paths)
 ``online``
     The same dump ingested by one process: ``read_dump`` (pyarrow), then ``DelayIndex.add_many``
     in 1 M-row slices on FileStorage with a manual clock at ``now``, ``flush`` and ``close``.
-    ``extra_info`` splits the read from the ingestion.
+    ``extra_info`` splits the read from the ingestion. The same online ingestion runs for every
+    structure of ``support.TRACKER_KINDS``: DelayIndex on the pure build, InMemoryTracker
+    (native and pure) and Redis with ``add_many``, and the heapq (reference) and SortedList
+    baselines with per-call ``add`` of every row (non-delayed rows return False at once).
 
 Run (the acceptance figures)::
 
@@ -39,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import KIND_LABELS, TRACKER_KINDS, record, record_rate, slowed
 
 from delayindex import DelayIndex, FileStorage, ManualClock, TrackerConfig
 from delayindex.dump import DumpWriter, iter_generated, read_dump
@@ -49,6 +54,8 @@ ACCEPTANCE_SIZE = 10_000_000
 MIN_RATE = 500_000
 INGEST_SLICE = 1_000_000
 NAME = "bench"
+
+pytestmark = pytest.mark.full_tier
 
 
 @pytest.fixture(scope="session")
@@ -87,9 +94,13 @@ def dump_cache() -> Iterator[Callable[[int], Path]]:
 
 
 @pytest.fixture(scope="session")
-def rebuilt_stores() -> dict[int, Path]:
-    """Size -> a store the rebuild benchmark left behind (for the open benchmark)."""
-    return {}
+def rebuilt_stores() -> Iterator[dict[int, Path]]:
+    """Size -> a store the rebuild benchmark left behind (for the open benchmark); removed at
+    the end of the session."""
+    stores: dict[int, Path] = {}
+    yield stores
+    for store in stores.values():
+        shutil.rmtree(store, ignore_errors=True)
 
 
 def _fresh_store() -> Path:
@@ -120,11 +131,13 @@ def test_rebuild(
         return (stores[-1],), {}
 
     started = time.perf_counter()
-    cold = run(_fresh_store())
+    cold_store = _fresh_store()
+    cold = run(cold_store)
     cold_seconds = time.perf_counter() - started
-    benchmark.group = f"spark-rebuild-{size_id}"
-    benchmark.extra_info["label"] = "Spark rebuild local[2]"
-    report = benchmark.pedantic(run, setup=setup, rounds=3, iterations=1)
+    shutil.rmtree(cold_store, ignore_errors=True)
+    record(benchmark, f"spark-rebuild-{size_id}", "delay_index", "Spark rebuild local[2]",
+           size=size)  # fmt: skip
+    report = benchmark.pedantic(slowed("delay_index", run), setup=setup, rounds=3, iterations=1)
     best = benchmark.stats.stats.min
     assert report.rows == size and report.rejects.ok
     assert report.tracked == cold.tracked > 0
@@ -161,45 +174,62 @@ def test_open_rebuilt(
         index.close()
         return tracked
 
-    benchmark.group = f"spark-rebuild-{size_id}"
-    benchmark.extra_info["label"] = "DelayIndex.open of the result"
-    tracked = benchmark.pedantic(reopen, rounds=3, iterations=1)
+    record(benchmark, f"spark-rebuild-{size_id}", "delay_index", "DelayIndex.open of the result",
+           size=size)  # fmt: skip
+    tracked = benchmark.pedantic(slowed("delay_index", reopen), rounds=3, iterations=1)
     assert tracked > 0
     benchmark.extra_info["tracked"] = tracked
 
 
+def _ingest_each(tracker: Any, columns: Any) -> None:
+    add = tracker.add
+    for lo in range(0, len(columns), INGEST_SLICE):
+        hi = lo + INGEST_SLICE
+        for ledger_id, entry_id, deliver_at in zip(
+            columns.ledger_ids[lo:hi].tolist(),
+            columns.entry_ids[lo:hi].tolist(),
+            columns.deliver_at[lo:hi].tolist(),
+            strict=True,
+        ):
+            add(ledger_id, entry_id, deliver_at)
+
+
+@pytest.mark.parametrize("kind", TRACKER_KINDS)
 def test_online_ingestion(
-    benchmark: Any, dump_cache: Callable[[int], Path], size: int, size_id: str
-) -> None:
+    benchmark: Any, dump_cache: Callable[[int], Path], size: int, size_id: str, env: Any,
+    kind: str,
+) -> None:  # fmt: skip
     dump = dump_cache(size)
     timings: dict[str, float] = {}
+    per_call = kind in ("heapq", "sortedlist")
 
     def ingest() -> int:
         started = time.perf_counter()
         columns, _ = read_dump(dump)
         read = time.perf_counter()
-        store = _fresh_store()
-        try:
-            index = DelayIndex.open(FileStorage(store), NAME, clock=ManualClock(DEFAULT_START_MS))
+        tracker = env.make(kind, ManualClock(DEFAULT_START_MS))
+        if per_call:
+            _ingest_each(tracker, columns)
+        else:
             for lo in range(0, len(columns), INGEST_SLICE):
                 hi = lo + INGEST_SLICE
-                index.add_many(
+                tracker.add_many(
                     columns.ledger_ids[lo:hi], columns.entry_ids[lo:hi], columns.deliver_at[lo:hi]
                 )
-            index.flush()
-            tracked = len(index)
-            index.close()
-        finally:
-            shutil.rmtree(store, ignore_errors=True)
+        if isinstance(tracker, DelayIndex):
+            tracker.flush()
+        tracked = len(tracker)
+        env.release()  # close (DelayIndex: inside the timer, as before) and remove the store
         timings.update(read_s=read - started, ingest_s=time.perf_counter() - read)
         return tracked
 
-    benchmark.group = f"spark-rebuild-{size_id}"
-    benchmark.extra_info["label"] = "online: read_dump + DelayIndex.add_many"
-    tracked = benchmark.pedantic(ingest, rounds=1, iterations=1)
+    how = "per-call add" if per_call else "add_many"
+    record(benchmark, f"spark-rebuild-{size_id}", kind,
+           f"online: read_dump + {KIND_LABELS[kind]} {how}", size=size)  # fmt: skip
+    tracked = benchmark.pedantic(slowed(kind, ingest), rounds=1, iterations=1)
     assert tracked > 0
+    record_rate(benchmark, size)
     benchmark.extra_info.update(
-        msgs_per_s=round(size / benchmark.stats.stats.min),
         tracked=tracked,
         read_seconds=round(timings["read_s"], 2),
         ingest_seconds=round(timings["ingest_s"], 2),

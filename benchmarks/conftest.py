@@ -2,24 +2,48 @@
 
 Run (benchmarks are disabled by the project's default ``addopts``, hence ``--benchmark-enable``)::
 
-    pytest benchmarks --benchmark-enable [--bench-sizes 100000,1000000]
+    pytest benchmarks --benchmark-enable --bench-tier quick --benchmark-json run.json
+    python benchmarks/gate.py run.json            # the regression gate (see gate.py)
 
 * ``bench_*.py`` files in this directory are collected as test modules (see
   :func:`pytest_collect_file`); this directory is outside the default ``testpaths``.
-* ``--bench-sizes`` (default ``100000,1000000``) parametrizes every sized benchmark through the
-  ``size`` argument; the fixed-size groups (``heap-batch-*``, ``memory-*``) use the largest size.
-* Inputs are generated once per size and cached for the session, both as int64 numpy arrays and
-  as Python lists converted with ``.tolist()``, so no conversion happens inside a timed region.
-* After pytest-benchmark's own tables, a summary prints for each group the speed-up of every
-  benchmark over the group's baseline (the benchmark whose name contains ``heapq``):
-  ``baseline min time / min time``, so ``7.4x`` means 7.4 times faster than ``heapq``. Memory
-  groups print resident bytes per tracked message instead.
+* ``--bench-tier quick|full`` (default ``quick``; see ``support.TIERS``): quick runs the sized
+  groups at 1e5 and memory at 1e5 and 1e6, and deselects the groups marked ``full_tier``
+  (Spark) unless their file is named on the command line; full runs 1e5, 1e6 and 1e7 (memory
+  too) and every group. ``--bench-sizes
+  100000,1000000`` overrides the tier's sizes (memory sizes included). The fixed-size groups
+  (``heap-batch-*``, ``reopen-*``, ``seal-latency-*``) use the largest size.
+* Every group measures the same operation on the structures of ``support.TRACKER_KINDS`` where
+  it applies: DelayIndex and InMemoryTracker (native), both again on the pure-Python build in
+  this process (``support.pure_build``), and the baselines heapq + set, SortedList + set and a
+  Redis ZSET with pipelining. Redis rows need ``redis-server`` on PATH and the ``redis`` client
+  (the ``bench`` extra): the ``redis_client`` fixture starts a private server on 127.0.0.1 on a
+  free port and stops it at the end of the session; otherwise those rows are skipped, saying
+  why. With ``DELAYINDEX_NO_EXTENSIONS=1`` the default rows are already the pure build and the
+  ``-pure`` rows are skipped.
+* Inputs are the delayed messages of the ``gen-dump`` generator (``baselines.delayed_subset``),
+  generated once per size and cached for the session, both as int64 numpy arrays and as Python
+  lists converted with ``.tolist()``, so no conversion happens inside a timed region.
+* The ``env`` fixture makes trackers (``env.make(kind, clock)``), keeps at most one alive (the
+  previous one is closed, untimed, when the next round's setup makes a new one), prepares the
+  pure build or the Redis server from the test's ``kind`` parameter, and cleans up stores.
+* ``DELAYINDEX_BENCH_SLOWDOWN=KIND:FACTOR`` slows the timed calls of one kind (``support.slowed``)
+  to show that the gate catches a regression.
+* After pytest-benchmark's own tables, a summary prints for each group every row's ratio to the
+  group's ``heapq`` row (``kind == "heapq"``): ``heapq min time / min time``, so ``7.4x`` means
+  7.4 times faster than heapq. Memory groups print resident bytes per tracked message.
 """
 
 from __future__ import annotations
 
+import gc
+import os
+import shutil
+import socket
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -30,19 +54,28 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from delayindex import NATIVE, DelayIndex, FileStorage, InMemoryTracker, ManualClock, wall_clock_ms
+from delayindex import NATIVE, DelayIndex, FileStorage, InMemoryTracker, _impl, wall_clock_ms
 from delayindex.workload import DAY_MS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from baselines import HeapqSetTracker, SortedListSetTracker, delayed_subset
+from baselines import HeapqSetTracker, RedisZsetTracker, SortedListSetTracker, delayed_subset
+from support import (
+    DEFAULT_TIER,
+    KIND_LABELS,
+    REFERENCE_KIND,
+    SLOWDOWN_ENV,
+    TIERS,
+    Tier,
+    parse_slowdown,
+    pure_build,
+    size_label,
+)
 
 Int64Array = npt.NDArray[np.int64]
 
-DEFAULT_SIZES = "100000,1000000"
-BASELINE_MARK = "heapq"
-
 _BENCH_GROUPS = pytest.StashKey[list[dict[str, Any]]]()
+_DESELECTED = pytest.StashKey[int]()
 
 
 # -- options, collection, parametrization -------------------------------------------------------
@@ -50,14 +83,26 @@ _BENCH_GROUPS = pytest.StashKey[list[dict[str, Any]]]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
+        "--bench-tier",
+        default=DEFAULT_TIER,
+        choices=sorted(TIERS),
+        help="quick: sizes 1e5 (memory 1e5, 1e6), Spark left out; full: sizes 1e5, 1e6, 1e7 "
+        f"and every group (default: {DEFAULT_TIER})",
+    )
+    parser.addoption(
         "--bench-sizes",
-        default=DEFAULT_SIZES,
-        help=f"comma-separated input sizes for sized benchmarks (default: {DEFAULT_SIZES})",
+        default=None,
+        help="comma-separated input sizes for sized and memory benchmarks (default: the tier's)",
     )
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "full_tier: only in --bench-tier full")
     bench_sizes(config)  # fail early, as a usage error, on a bad --bench-sizes
+    try:
+        parse_slowdown(os.environ.get(SLOWDOWN_ENV, ""))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
@@ -69,11 +114,31 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Mod
     return None
 
 
-def bench_sizes(config: pytest.Config) -> list[int]:
-    """The ``--bench-sizes`` option as a list of positive ints."""
-    raw = str(config.getoption("bench_sizes"))
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the ``full_tier`` groups in the quick tier, unless their file was named."""
+    if tier(config).full:
+        return
+
+    def dropped_here(item: pytest.Item) -> bool:
+        full_only = item.get_closest_marker("full_tier") is not None
+        return full_only and not item.session.isinitpath(item.path)
+
+    kept = [item for item in items if not dropped_here(item)]
+    dropped = [item for item in items if dropped_here(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        config.stash[_DESELECTED] = len(dropped)
+        items[:] = kept
+
+
+def tier(config: pytest.Config) -> Tier:
+    """The ``--bench-tier`` in force."""
+    return TIERS[str(config.getoption("bench_tier"))]
+
+
+def _parse_sizes(raw: str) -> list[int]:
     try:
-        sizes = [int(part) for part in raw.split(",") if part.strip()]
+        sizes = [int(float(part)) for part in raw.split(",") if part.strip()]
     except ValueError:
         raise pytest.UsageError(
             f"--bench-sizes must be comma-separated ints, got {raw!r}"
@@ -83,20 +148,25 @@ def bench_sizes(config: pytest.Config) -> list[int]:
     return sizes
 
 
-def size_label(n: int) -> str:
-    """``100000 -> '1e5'``, ``2000000 -> '2e6'``, other sizes as plain digits."""
-    digits = str(n)
-    stripped = digits.rstrip("0")
-    zeros = len(digits) - len(stripped)
-    if len(stripped) == 1 and zeros >= 3:
-        return f"{stripped}e{zeros}"
-    return digits
+def bench_sizes(config: pytest.Config) -> list[int]:
+    """The sizes of the sized groups: ``--bench-sizes`` or the tier's."""
+    raw = config.getoption("bench_sizes")
+    return _parse_sizes(str(raw)) if raw is not None else list(tier(config).sizes)
+
+
+def memory_sizes(config: pytest.Config) -> list[int]:
+    """The sizes of the memory groups: ``--bench-sizes`` or the tier's memory sizes."""
+    raw = config.getoption("bench_sizes")
+    return _parse_sizes(str(raw)) if raw is not None else list(tier(config).memory_sizes)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "size" in metafunc.fixturenames:
         sizes = bench_sizes(metafunc.config)
         metafunc.parametrize("size", sizes, ids=[size_label(n) for n in sizes])
+    if "mem_size" in metafunc.fixturenames:
+        sizes = memory_sizes(metafunc.config)
+        metafunc.parametrize("mem_size", sizes, ids=[size_label(n) for n in sizes])
 
 
 # -- inputs ---------------------------------------------------------------------------------------
@@ -124,7 +194,7 @@ class Triples:
 
 @dataclass
 class Delayed:
-    """The first ``n`` delayed messages of the realistic workload, shifted into the future.
+    """The first ``n`` delayed messages of the gen-dump workload, shifted into the future.
 
     ``deliver_at`` is shifted by a constant so that every message is more than a day after
     ``now_ms`` (the wall clock when the session's inputs were built): all of them are tracked
@@ -147,7 +217,7 @@ class Delayed:
 
 def _make_triples(n: int, seed: int = 12345) -> Triples:
     rng = np.random.default_rng(seed)
-    times = rng.integers(0, 10**12, size=n, dtype=np.int64)
+    times = rng.integers(1, 10**12, size=n, dtype=np.int64)
     ledgers = rng.integers(0, 10**5, size=n, dtype=np.int64)
     entries = np.arange(n, dtype=np.int64)
     return Triples(times, ledgers, entries, times.tolist(), ledgers.tolist(), entries.tolist())
@@ -189,7 +259,7 @@ def triples_cache() -> Callable[[int], Triples]:
 
 @pytest.fixture(scope="session")
 def delayed_cache(session_now_ms: int) -> Callable[[int], Delayed]:
-    """``get(n)``: the first ``n`` delayed messages of the realistic workload, built once."""
+    """``get(n)``: the first ``n`` delayed messages of the gen-dump workload, built once."""
     cache: dict[int, Delayed] = {}
 
     def get(n: int) -> Delayed:
@@ -202,7 +272,7 @@ def delayed_cache(session_now_ms: int) -> Callable[[int], Delayed]:
 
 @pytest.fixture(scope="session")
 def max_size(pytestconfig: pytest.Config) -> int:
-    """Largest ``--bench-sizes`` value: the size of the fixed-size groups."""
+    """Largest size of the sized groups: the size of the fixed-size groups."""
     return max(bench_sizes(pytestconfig))
 
 
@@ -228,42 +298,182 @@ def delayed(delayed_cache: Callable[[int], Delayed], size: int) -> Delayed:
     return delayed_cache(size)
 
 
-# -- trackers -------------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _frozen_inputs() -> Iterator[None]:
+    """Collect garbage, then keep everything alive now out of the collector's scans.
+
+    The session's cached inputs (millions of Python ints in lists) would otherwise be walked by
+    every full collection a benchmark triggers, charging the structure under test for the size
+    of the inputs, and varying with whatever earlier benchmarks left behind.
+    """
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
 
 
-def open_delay_index(clock: Callable[[], int]) -> DelayIndex:
-    """A DelayIndex with default settings on a fresh FileStorage directory (under /tmp)."""
-    return DelayIndex.open(FileStorage(tempfile.mkdtemp(prefix="delayindex-bench-")), "bench",
-                           clock=clock)  # fmt: skip
+# -- Redis ----------------------------------------------------------------------------------------
 
 
-#: Tracker kinds: factories taking a clock. Names containing "heapq" are the groups' baselines.
-TRACKER_FACTORIES: dict[str, Callable[[Callable[[], int]], Any]] = {
-    "in_memory": lambda clock: InMemoryTracker(clock=clock),
-    "delay_index": open_delay_index,
-    "heapq": HeapqSetTracker,
-    "sortedlist": SortedListSetTracker,
-}
-
-
-@pytest.fixture
-def manual_clock(session_now_ms: int) -> ManualClock:
-    """A :class:`ManualClock` at ``session_now_ms`` (every ``Delayed`` message is tracked)."""
-    return ManualClock(session_now_ms)
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
-def make_tracker() -> Callable[[str, Callable[[], int]], Any]:
-    """``make_tracker(kind, clock)`` -> a fresh tracker of ``kind`` (see TRACKER_FACTORIES)."""
+def redis_client() -> Iterator[Any]:
+    """A client of a private ``redis-server`` on 127.0.0.1 (started here, stopped at the end).
 
-    def make(kind: str, clock: Callable[[], int]) -> Any:
-        return TRACKER_FACTORIES[kind](clock)
+    Skips, saying why, when ``redis-server`` is not on PATH or the ``redis`` client package is
+    missing. The server keeps nothing on disk (no RDB, no AOF).
+    """
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not on PATH: the Redis ZSET baseline is not measured")
+    try:
+        import redis
+    except ImportError:
+        pytest.skip("the redis client package is missing (pip install -e '.[bench]')")
+    port = _free_port()
+    workdir = tempfile.mkdtemp(prefix="delayindex-bench-redis-")
+    process = subprocess.Popen(
+        [server, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+         "--dir", workdir, "--loglevel", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    client = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    stderr = process.stderr.read().decode() if process.stderr else ""
+                    process.kill()
+                    pytest.fail(f"redis-server did not start on port {port}: {stderr}")
+                time.sleep(0.05)
+        yield client
+    finally:
+        client.close()
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stderr is not None:
+            process.stderr.close()
+        shutil.rmtree(workdir, ignore_errors=True)
 
-    return make
+
+# -- trackers -------------------------------------------------------------------------------------
 
 
-def _fill(tracker: Any, data: Delayed) -> None:
-    if isinstance(tracker, InMemoryTracker | DelayIndex):
+class BenchEnv:
+    """Makes the trackers of one benchmark and cleans up after it (see the module doc)."""
+
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        self._request = request
+        self._live: list[Any] = []
+        self._stores: list[Path] = []
+        self._pure = False
+        self._pure_cm: Any = None
+
+    def prepare(self, kind: str) -> None:
+        """Make ``kind`` usable in this test: skip, start Redis or swap in the pure build."""
+        if kind not in KIND_LABELS:
+            raise ValueError(f"unknown kind {kind!r}")
+        if kind.startswith("triple_heap"):
+            return  # the heap group picks its heap class itself
+        if kind.endswith("-pure"):
+            if not NATIVE:
+                pytest.skip(
+                    "the native extension is not in use: the default rows are the pure build"
+                )
+            if not self._pure:
+                self._pure_cm = pure_build()
+                self._pure_cm.__enter__()
+                self._pure = True
+        elif kind == "redis":
+            self._request.getfixturevalue("redis_client")
+
+    def store(self) -> Path:
+        """A fresh FileStorage directory, removed at teardown."""
+        path = Path(tempfile.mkdtemp(prefix="delayindex-bench-"))
+        self._stores.append(path)
+        return path
+
+    def wall_clock(self) -> Callable[[], int]:
+        """The wall clock of the build in use (the pure one inside ``pure_build``)."""
+        clock: Callable[[], int] = _impl.wall_clock_ms
+        return clock
+
+    def make(self, kind: str, clock: Callable[[], int] | None = None) -> Any:
+        """A fresh tracker of ``kind`` on ``clock`` (default: the build's wall clock).
+
+        The previously made tracker is closed first: one live tracker at a time, so that a
+        DelayIndex's background writes of the last round never overlap the next round.
+        """
+        self.prepare(kind)
+        self.release()
+        the_clock = clock if clock is not None else self.wall_clock()
+        tracker: Any
+        if kind.startswith("delay_index"):
+            tracker = DelayIndex.open(FileStorage(self.store()), "bench", clock=the_clock)
+        elif kind.startswith("in_memory"):
+            tracker = InMemoryTracker(clock=the_clock)
+        elif kind == "heapq":
+            tracker = HeapqSetTracker(the_clock)
+        elif kind == "sortedlist":
+            tracker = SortedListSetTracker(the_clock)
+        elif kind == "redis":
+            tracker = RedisZsetTracker(self._request.getfixturevalue("redis_client"), the_clock)
+        else:
+            raise ValueError(f"{kind!r} is not a tracker kind")
+        self._live.append(tracker)
+        return tracker
+
+    def release(self) -> None:
+        """Close every live tracker and remove its store (untimed)."""
+        while self._live:
+            tracker = self._live.pop()
+            close = getattr(tracker, "close", None)
+            if close is not None:
+                close()
+        while self._stores:
+            shutil.rmtree(self._stores.pop(), ignore_errors=True)
+
+    def teardown(self) -> None:
+        """Release everything, then restore the native build."""
+        try:
+            self.release()
+        finally:
+            if self._pure:
+                self._pure_cm.__exit__(None, None, None)
+                self._pure = False
+
+
+@pytest.fixture
+def env(request: pytest.FixtureRequest) -> Iterator[BenchEnv]:
+    """The test's :class:`BenchEnv`, prepared for its ``kind`` parameter if it has one."""
+    bench_env = BenchEnv(request)
+    try:
+        callspec = getattr(request.node, "callspec", None)
+        kind = callspec.params.get("kind") if callspec is not None else None
+        if isinstance(kind, str) and kind in KIND_LABELS:
+            bench_env.prepare(kind)
+        yield bench_env
+    finally:
+        bench_env.teardown()
+
+
+def fill(tracker: Any, data: Delayed) -> None:
+    """Track every message of ``data``: ``add_many`` where the tracker has it, else ``add``."""
+    if isinstance(tracker, InMemoryTracker | DelayIndex | RedisZsetTracker):
         tracker.add_many(data.ledgers, data.entries, data.deliver_at)
         if isinstance(tracker, DelayIndex):
             tracker.flush()  # sealed buckets durable: the realistic steady state
@@ -280,7 +490,7 @@ def _fill(tracker: Any, data: Delayed) -> None:
 @pytest.fixture(scope="session")
 def prefill() -> Callable[[Any, Delayed], None]:
     """``prefill(tracker, delayed)``: track every message (add_many where available)."""
-    return _fill
+    return fill
 
 
 # -- summary --------------------------------------------------------------------------------------
@@ -306,60 +516,6 @@ def _format_seconds(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
 
 
-def summary_lines(benchmarks: list[dict[str, Any]]) -> list[str]:
-    """One line per group: speed-ups over the ``heapq`` baseline, or bytes per message."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for bench in benchmarks:
-        groups.setdefault(str(bench["group"]), []).append(bench)
-    lines = []
-    for group, members in sorted(groups.items(), key=lambda item: _group_sort_key(item[0])):
-        baselines = [b for b in members if BASELINE_MARK in b["name"]]
-        others = [b for b in members if BASELINE_MARK not in b["name"]]
-        if all("indexes" in b["extra_info"] for b in members):
-            lines.append(f"{group}: " + _codec_line(members))
-        elif all("max_add_ms" in b["extra_info"] for b in members):
-            lines.append(f"{group}: " + _latency_line(members))
-        elif all("manifest_writes_per_seal" in b["extra_info"] for b in members):
-            lines.append(
-                f"{group}: manifest writes per seal: "
-                + ", ".join(
-                    f"{_label(b)} {b['extra_info']['manifest_writes_per_seal']} "
-                    f"({b['extra_info']['batches']} batches, {_format_seconds(b['min'])})"
-                    for b in members
-                )
-            )
-        elif all("rss_bytes_per_msg" in b["extra_info"] for b in members):
-            lines.append(f"{group}: " + _memory_line(baselines, others))
-        elif len(baselines) == 1:
-            lines.append(f"{group}: " + _speed_line(baselines[0], others))
-        else:
-            times = ", ".join(f"{_label(b)} {_format_seconds(b['min'])}" for b in members)
-            lines.append(f"{group}: (no single heapq baseline) min {times}")
-    return lines
-
-
-def _latency_line(members: list[dict[str, Any]]) -> str:
-    parts = []
-    for bench in members:
-        info = bench["extra_info"]
-        text = f"{_label(bench)} longest add {info['max_add_ms']:.1f} ms"
-        text += f" (p99.99 {info['p9999_add_ms']:.2f} ms"
-        if "seals" in info:
-            text += f", {info['seals']} seals, {info['merges']} merges"
-        parts.append(text + ")")
-    return "; ".join(parts)
-
-
-def _codec_line(members: list[dict[str, Any]]) -> str:
-    parts = []
-    for bench in sorted(members, key=lambda b: b["min"]):
-        info = bench["extra_info"]
-        rate = info["indexes"] / bench["min"]
-        parts.append(f"{_label(bench)} {rate / 1e6:.1f} M indexes/s")
-    info = members[0]["extra_info"]
-    return f"{', '.join(parts)}; {info['bytes_per_index']:.2f} B/index on disk"
-
-
 def _group_sort_key(group: str) -> tuple[str, int]:
     head, _, tail = group.rpartition("-")
     try:
@@ -368,36 +524,59 @@ def _group_sort_key(group: str) -> tuple[str, int]:
         return group, 0
 
 
-def _speed_line(baseline: dict[str, Any], others: list[dict[str, Any]]) -> str:
-    base = _label(baseline)
-    parts = []
-    for i, bench in enumerate(sorted(others, key=lambda b: b["min"])):
-        ratio = baseline["min"] / bench["min"]
-        suffix = ""
-        if i == 0:
-            suffix = f" faster than {base}" if ratio >= 1 else f" the speed of {base}"
-        parts.append(f"{_label(bench)} {ratio:.1f}x{suffix}")
-    if not parts:
-        parts.append(f"{base} only")
-    mins = ", ".join(f"{_label(b)} {_format_seconds(b['min'])}" for b in [baseline, *others])
-    return f"{', '.join(parts)}  [min: {mins}]"
+def _notes(bench: dict[str, Any], *first: str) -> str:
+    """The group-specific figures of a record, for the summary."""
+    info = bench["extra_info"]
+    parts = list(first)
+    if "bytes_per_index" in info:
+        parts.append(f"{info['bytes_per_index']:.2f} B/index")
+    if "manifest_writes_per_seal" in info:
+        parts.append(f"{info['manifest_writes_per_seal']} manifest writes/seal")
+    if "max_add_ms" in info:
+        parts.append(f"longest add {info['max_add_ms']:.1f} ms, p99.99 {info['p9999_add_ms']} ms")
+    if "reported_bytes_per_msg" in info:
+        parts.append(f"memory_usage_bytes {info['reported_bytes_per_msg']:.1f} B/msg")
+    if "slowdown_injected" in info:
+        parts.append(f"SLOWED x{info['slowdown_injected']}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
-def _memory_line(baselines: list[dict[str, Any]], others: list[dict[str, Any]]) -> str:
+def summary_lines(benchmarks: list[dict[str, Any]]) -> list[str]:
+    """One line per group: every row against the group's ``heapq`` row."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for bench in benchmarks:
+        groups.setdefault(str(bench["group"]), []).append(bench)
+    lines = []
+    for group, members in sorted(groups.items(), key=lambda item: _group_sort_key(item[0])):
+        refs = [b for b in members if b["extra_info"].get("kind") == REFERENCE_KIND]
+        ref = refs[0] if len(refs) == 1 else None
+        if all("rss_bytes_per_msg" in b["extra_info"] for b in members):
+            lines.append(f"{group}: RSS " + _memory_line(ref, members))
+            continue
+        parts = []
+        for bench in sorted(members, key=lambda b: b["min"]):
+            text = f"{_label(bench)} {_format_seconds(bench['min'])}"
+            if ref is not None and bench is not ref:
+                text += f" = {_times(ref['min'] / bench['min'])}"
+            parts.append(text + _notes(bench))
+        head = f"speed-up over {_label(ref)}" if ref is not None else "no single heapq row"
+        lines.append(f"{group} [{head}]: " + ", ".join(parts))
+    return lines
+
+
+def _times(ratio: float) -> str:
+    return f"{ratio:.1f}x" if ratio >= 1 else f"{ratio:.2g}x"
+
+
+def _memory_line(ref: dict[str, Any] | None, members: list[dict[str, Any]]) -> str:
     parts = []
-    for bench in [*others, *baselines]:
-        info = bench["extra_info"]
-        text = f"{_label(bench)} {info['rss_bytes_per_msg']:.1f} B/msg"
-        if "reported_bytes_per_msg" in info:
-            text += f" (memory_usage_bytes {info['reported_bytes_per_msg']:.1f})"
-        parts.append(text)
-    line = "RSS " + ", ".join(parts)
-    if len(baselines) == 1 and others:
-        base = baselines[0]["extra_info"]["rss_bytes_per_msg"]
-        best = min(b["extra_info"]["rss_bytes_per_msg"] for b in others)
-        if best > 0:
-            line += f"; {_label(baselines[0])} uses {base / best:.1f}x the memory"
-    return line
+    for bench in sorted(members, key=lambda b: b["extra_info"]["rss_bytes_per_msg"]):
+        per_msg = bench["extra_info"]["rss_bytes_per_msg"]
+        first = []
+        if ref is not None and bench is not ref and per_msg > 0:
+            first.append(f"heapq uses {_times(ref['extra_info']['rss_bytes_per_msg'] / per_msg)}")
+        parts.append(f"{_label(bench)} {per_msg:.1f} B/msg" + _notes(bench, *first))
+    return ", ".join(parts)
 
 
 @pytest.hookimpl(trylast=True)
@@ -409,7 +588,18 @@ def pytest_terminal_summary(
         return
     implementation = "native" if NATIVE else "pure (DELAYINDEX_NO_EXTENSIONS or no build)"
     terminalreporter.write_sep(
-        "=", f"delayindex vs heapq baselines (min times; delayindex: {implementation})"
+        "=",
+        f"delayindex vs heapq (min times; tier {config.getoption('bench_tier')}; "
+        f"default build: {implementation})",
     )
     for line in summary_lines(benchmarks):
         terminalreporter.write_line(line)
+    deselected = config.stash.get(_DESELECTED, 0)
+    if deselected:
+        terminalreporter.write_line(
+            f"({deselected} full-tier benchmarks deselected: use --bench-tier full)"
+        )
+    if os.environ.get(SLOWDOWN_ENV):
+        terminalreporter.write_line(
+            f"{SLOWDOWN_ENV}={os.environ[SLOWDOWN_ENV]}: injected slowdown, not a real run"
+        )

@@ -1,0 +1,212 @@
+"""Shared plumbing of the benchmark suite: tiers, structure kinds, records, the pure build and
+the slowdown hook.
+
+Not a benchmark module: ``conftest.py`` puts this directory on ``sys.path`` so that the
+``bench_*.py`` modules (imported with ``--import-mode=importlib``, so they cannot import each
+other) and ``conftest.py`` share it.
+
+* **Tiers** (``--bench-tier``): ``quick`` runs sizes 1e5 (memory at 1e5 and 1e6) and leaves out
+  the groups marked ``full_tier`` (Spark) unless their file is named; ``full`` runs sizes 1e5,
+  1e6 and 1e7 and every group. ``--bench-sizes`` overrides a tier's sizes, memory sizes
+  included.
+* **Kinds** name the structure measured by a benchmark record (``extra_info["kind"]``):
+  ``delay_index``, ``in_memory``, their ``-pure`` twins (the pure-Python build in this process,
+  see :func:`pure_build`), the baselines ``heapq`` (heapq + set), ``sortedlist`` (SortedList +
+  set) and ``redis`` (a Redis ZSET with pipelining), and for the heap group ``triple_heap`` and
+  ``triple_heap-pure``. The ``heapq`` record of each group is the reference of the group's
+  ratios (summary, regression gate, ``delayindex bench``).
+* **Records**: every benchmark calls :func:`record` (``group``, ``label``, ``kind``, ``size``)
+  and, where it measures a message rate, :func:`record_rate` (``msgs_per_s`` from the best
+  round). Memory groups store ``rss_bytes_per_msg``, codec groups ``bytes_per_index``.
+* **Slowdown injection** (to prove the regression gate): ``DELAYINDEX_BENCH_SLOWDOWN=KIND:FACTOR``
+  (comma-separated for several kinds) makes :func:`slowed` busy-wait after every timed call of
+  that kind until it took ``FACTOR`` times as long; the records say so in
+  ``extra_info["slowdown_injected"]``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any, TypeVar
+
+from delayindex import _impl
+from delayindex._pure import codec as pure_codec
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+SLOWDOWN_ENV = "DELAYINDEX_BENCH_SLOWDOWN"
+
+
+@dataclass(frozen=True)
+class Tier:
+    """Sizes a tier runs at, and whether it runs the ``full_tier`` groups."""
+
+    sizes: tuple[int, ...]
+    memory_sizes: tuple[int, ...]
+    full: bool
+
+
+TIERS: dict[str, Tier] = {
+    "quick": Tier(sizes=(100_000,), memory_sizes=(100_000, 1_000_000), full=False),
+    "full": Tier(
+        sizes=(100_000, 1_000_000, 10_000_000),
+        memory_sizes=(100_000, 1_000_000, 10_000_000),
+        full=True,
+    ),
+}
+DEFAULT_TIER = "quick"
+
+#: Human names of the structures; ``heapq`` is every group's reference.
+KIND_LABELS: dict[str, str] = {
+    "delay_index": "DelayIndex",
+    "delay_index-pure": "DelayIndex (pure build)",
+    "in_memory": "InMemoryTracker",
+    "in_memory-pure": "InMemoryTracker (pure build)",
+    "heapq": "heapq+set",
+    "sortedlist": "SortedList+set",
+    "redis": "Redis ZSET (pipelined)",
+    "triple_heap": "TripleHeap",
+    "triple_heap-pure": "TripleHeap (pure)",
+}
+REFERENCE_KIND = "heapq"
+#: The tracker kinds, in report order.
+TRACKER_KINDS = [
+    "delay_index",
+    "delay_index-pure",
+    "in_memory",
+    "in_memory-pure",
+    "heapq",
+    "sortedlist",
+    "redis",
+]
+
+
+def size_label(n: int) -> str:
+    """``100000 -> '1e5'``, ``2000000 -> '2e6'``, other sizes as plain digits."""
+    digits = str(n)
+    stripped = digits.rstrip("0")
+    zeros = len(digits) - len(stripped)
+    if len(stripped) == 1 and zeros >= 3:
+        return f"{stripped}e{zeros}"
+    return digits
+
+
+def rounds_for(size: int, kind: str = "") -> int:
+    """Rounds of a timed benchmark: more for cheap ones (less noise for the gate), one at 1e7."""
+    if size >= 10_000_000:
+        return 1
+    if size >= 1_000_000:
+        return 1 if kind.endswith("-pure") or kind == "redis" else 3
+    return 5
+
+
+def record(
+    benchmark: Any, group: str, kind: str | None, label: str | None = None, *,
+    size: int | None = None, **extra: Any,
+) -> None:  # fmt: skip
+    """Name the benchmark's group and fill the ``extra_info`` keys every report relies on."""
+    benchmark.group = group
+    info = benchmark.extra_info
+    info["label"] = label if label is not None else KIND_LABELS[kind or ""]
+    if kind is not None:
+        info["kind"] = kind
+        factor = slowdown_factor(kind)
+        if factor != 1.0:
+            info["slowdown_injected"] = factor
+    if size is not None:
+        info["size"] = size
+    info.update(extra)
+
+
+def record_rate(benchmark: Any, messages: int) -> None:
+    """``extra_info["msgs_per_s"]``: ``messages`` over the best round's time."""
+    best = benchmark.stats.stats.min
+    if best > 0:
+        benchmark.extra_info["msgs_per_s"] = round(messages / best)
+
+
+# -- slowdown injection ----------------------------------------------------------------------
+
+
+def parse_slowdown(text: str) -> dict[str, float]:
+    """Parse ``KIND:FACTOR[,KIND:FACTOR...]``; FACTOR is a float >= 1.
+
+    Raises:
+        ValueError: a malformed item, an unknown kind or a factor below 1.
+    """
+    out: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        kind, sep, raw = item.rpartition(":")
+        if not sep or not kind:
+            raise ValueError(f"{SLOWDOWN_ENV} items are KIND:FACTOR, got {item!r}")
+        if kind not in KIND_LABELS:
+            raise ValueError(f"{SLOWDOWN_ENV}: unknown kind {kind!r}; kinds: {sorted(KIND_LABELS)}")
+        try:
+            factor = float(raw)
+        except ValueError:
+            raise ValueError(f"{SLOWDOWN_ENV}: factor of {kind} is not a number: {raw!r}") from None
+        if not factor >= 1.0:  # also refuses NaN
+            raise ValueError(f"{SLOWDOWN_ENV}: factor of {kind} must be >= 1, got {raw!r}")
+        out[kind] = factor
+    return out
+
+
+def slowdown_factor(kind: str) -> float:
+    """The injected slowdown of ``kind`` (1.0: none)."""
+    return parse_slowdown(os.environ.get(SLOWDOWN_ENV, "")).get(kind, 1.0)
+
+
+def slowed(kind: str, fn: F) -> F:
+    """``fn``, or when a slowdown is injected for ``kind`` a wrapper that busy-waits after each
+    call until the call took ``factor`` times its own duration."""
+    factor = slowdown_factor(kind)
+    if factor == 1.0:
+        return fn
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        result = fn(*args, **kwargs)
+        until = start + (time.perf_counter() - start) * factor
+        while time.perf_counter() < until:  # busy: a slower structure burns CPU, not sleep
+            pass
+        return result
+
+    return wrapper  # type: ignore[return-value]
+
+
+# -- the pure build in this process ------------------------------------------------------------
+
+_PURE_NAMES: dict[str, Any] = {
+    "TripleHeap": _impl.PureTripleHeap,
+    "TrackerCore": _impl.PureTrackerCore,
+    "BucketCore": _impl.PureBucketCore,
+    "LedgerIndex": _impl.PureLedgerIndex,
+    "wall_clock_ms": _impl.pure_wall_clock_ms,
+    "NATIVE": False,
+    **{name: getattr(pure_codec, name) for name in _impl.CODEC_KERNELS},
+}
+
+
+@contextmanager
+def pure_build() -> Iterator[None]:
+    """Point ``delayindex._impl`` at the pure-Python twins while the block runs.
+
+    Every module reaches the native structures and kernels through ``_impl.<name>`` at the time
+    of use, so trackers made (and used, and closed) inside the block are exactly what
+    ``DELAYINDEX_NO_EXTENSIONS=1`` gives, in this process and on the same inputs. Nothing else
+    may run meanwhile: a native tracker used inside the block would get pure kernels.
+    """
+    saved = {name: getattr(_impl, name) for name in _PURE_NAMES}
+    for name, value in _PURE_NAMES.items():
+        setattr(_impl, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(_impl, name, value)

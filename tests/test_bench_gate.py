@@ -1,0 +1,231 @@
+"""Tests of the benchmark regression gate (``benchmarks/gate.py``) and of the suite's slowdown
+parser, on small synthetic pytest-benchmark JSON files (no benchmark runs here).
+
+The gate compares each record's ratio to its group's heapq row (same run) with the stored
+baseline's ratio; these tests pin that: a uniformly slower machine passes, one structure getting
+slower than the tolerance fails and is listed, memory groups compare bytes per message, and new,
+missing or unreferenced records are reported without failing. The committed quick-tier baseline
+is checked to be gateable as a whole.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        f"delayindex_bench_{name}", BENCH_DIR / f"{name}.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+gate = _load("gate")
+
+
+def _record(group: str, name: str, kind: str, seconds: float, **info: Any) -> dict[str, Any]:
+    return {
+        "group": group,
+        "name": name,
+        "stats": {"min": seconds, "median": seconds, "rounds": 3},
+        "extra_info": {"label": f"{kind} row", "kind": kind, **info},
+    }
+
+
+def _run(scale: float = 1.0, **slower: float) -> dict[str, Any]:
+    """A run: two time groups and a memory group; ``slower[name]`` multiplies one row's time."""
+    rows = [
+        _record("tracker-add-1e5", "add[heapq]", "heapq", 0.080),
+        _record("tracker-add-1e5", "add[delay_index]", "delay_index", 0.050),
+        _record("tracker-add-1e5", "add[in_memory]", "in_memory", 0.055),
+        _record("tracker-poll-1e5", "poll[heapq]", "heapq", 0.200),
+        _record("tracker-poll-1e5", "poll[delay_index]", "delay_index", 0.025),
+        _record("memory-1e5", "mem[heapq]", "heapq", 0.40, rss_bytes_per_msg=230.0),
+        _record("memory-1e5", "mem[delay_index]", "delay_index", 0.30, rss_bytes_per_msg=22.0),
+    ]
+    for row in rows:
+        row["stats"]["min"] *= scale * slower.get(row["name"], 1.0)
+    return {"machine_info": {"node": "test"}, "benchmarks": rows}
+
+
+def _write(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def _gate(tmp_path: Path, run: dict[str, Any], baseline: dict[str, Any], *extra: str) -> int:
+    run_file = _write(tmp_path / "run.json", run)
+    base_file = _write(tmp_path / "base.json", baseline)
+    return int(gate.main([str(run_file), "--baseline", str(base_file), *extra]))
+
+
+def test_ratios_are_relative_to_the_groups_heapq_row() -> None:
+    ratios = gate.ratios(_run()["benchmarks"])
+    assert ratios[("tracker-add-1e5", "add[delay_index]")].ratio == pytest.approx(0.050 / 0.080)
+    assert ratios[("tracker-add-1e5", "add[heapq]")].ratio == pytest.approx(1.0)
+    memory = ratios[("memory-1e5", "mem[delay_index]")]
+    assert memory.metric == "bytes/msg" and memory.ratio == pytest.approx(22.0 / 230.0)
+
+
+def test_uniformly_slower_machine_passes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _gate(tmp_path, _run(scale=3.0), _run()) == 0
+    assert "OK: 7 benchmarks within 25%" in capsys.readouterr().out
+
+
+def test_one_structure_slower_than_tolerance_fails_and_is_listed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _run(**{"add[delay_index]": 1.5})
+    assert _gate(tmp_path, run, _run()) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSION: 1 of 7" in out
+    assert "tracker-add-1e5: delay_index row [add[delay_index]]" in out and "(+50%)" in out
+    assert "poll[delay_index]" not in out.split("REGRESSION")[1]
+
+
+def test_slowdown_within_tolerance_passes_and_tolerance_is_an_option(tmp_path: Path) -> None:
+    run = _run(**{"add[delay_index]": 1.2})
+    assert _gate(tmp_path, run, _run()) == 0
+    assert _gate(tmp_path, run, _run(), "--tolerance", "0.1") == 1
+
+
+def test_a_slower_heapq_row_makes_the_others_look_better_not_worse(tmp_path: Path) -> None:
+    assert _gate(tmp_path, _run(**{"add[heapq]": 2.0}), _run()) == 0
+
+
+def test_memory_groups_compare_bytes_not_time(tmp_path: Path) -> None:
+    slow_probe = _run(**{"mem[delay_index]": 10.0})  # the probe's wall time is not gated
+    assert _gate(tmp_path, slow_probe, _run()) == 0
+    fatter = _run()
+    fatter["benchmarks"][6]["extra_info"]["rss_bytes_per_msg"] = 30.0
+    assert _gate(tmp_path, fatter, _run()) == 1
+
+
+def test_new_missing_and_unreferenced_are_reported_not_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _run()
+    run["benchmarks"].pop(2)  # add[in_memory] missing
+    run["benchmarks"].append(_record("tracker-add-1e5", "add[sortedlist]", "sortedlist", 0.2))
+    run["benchmarks"].append(_record("seal-burst", "burst[a]", "delay_index", 0.3))
+    baseline = _run()
+    baseline["benchmarks"].append(_record("seal-burst", "burst[a]", "delay_index", 0.3))
+    assert _gate(tmp_path, run, baseline) == 0
+    out = capsys.readouterr().out
+    assert "new, not in the baseline (1" in out and "add[sortedlist]" in out
+    assert "in the baseline but not in this run (1" in out and "add[in_memory]" in out
+    assert "without a single heapq row (not gated): seal-burst" in out
+
+
+@pytest.mark.parametrize(
+    "content", ["not json", json.dumps({"no": "benchmarks"}), json.dumps({"benchmarks": [{}]})]
+)
+def test_unreadable_input_exits_2(
+    tmp_path: Path, content: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(content, encoding="utf-8")
+    base = _write(tmp_path / "base.json", _run())
+    assert gate.main([str(bad), "--baseline", str(base)]) == 2
+    assert gate.main([str(base), "--baseline", str(bad)]) == 2
+    assert gate.main([str(tmp_path / "missing.json"), "--baseline", str(base)]) == 2
+    assert "gate: " in capsys.readouterr().err
+
+
+def test_negative_tolerance_is_refused(tmp_path: Path) -> None:
+    assert _gate(tmp_path, _run(), _run(), "--tolerance", "-0.1") == 2
+
+
+def test_write_baseline_keeps_what_the_gate_reads(tmp_path: Path) -> None:
+    full = _run()
+    full["benchmarks"][1]["stats"]["data"] = [0.05] * 100  # pytest-benchmark keeps samples
+    full["benchmarks"][1]["extra_info"]["phases"] = {"x": 1}
+    source = _write(tmp_path / "run.json", full)
+    reduced = tmp_path / "reduced.json"
+    assert gate.main([str(source), "--write-baseline", str(reduced)]) == 0
+    data = json.loads(reduced.read_text(encoding="utf-8"))
+    assert "data" not in data["benchmarks"][1]["stats"]
+    assert "phases" not in data["benchmarks"][1]["extra_info"]
+    assert gate.ratios(gate.load_records(reduced)) == gate.ratios(copy.deepcopy(full)["benchmarks"])
+    slower = _write(tmp_path / "slow.json", _run(**{"poll[delay_index]": 2.0}))
+    assert gate.main([str(slower), "--baseline", str(reduced)]) == 1
+
+
+def test_the_stored_quick_baseline_gates_every_group() -> None:
+    baseline = gate.load_records(gate.DEFAULT_BASELINE)
+    ratios = gate.ratios(baseline)
+    assert ratios, "benchmarks/baseline-quick.json holds no records"
+    unreferenced = sorted({r.group for r in ratios.values() if r.ratio is None})
+    assert unreferenced == []
+    groups = {r.group.rsplit("-", 1)[0] for r in ratios.values()}
+    expected = {"tracker-add", "tracker-add-many", "tracker-poll", "tracker-contains",
+                "tracker-tracked-entries", "heap-push-pop", "heap-batch", "memory", "reopen",
+                "seal-latency", "seal-burst"}  # fmt: skip
+    assert expected <= groups
+    kinds = {r["extra_info"]["kind"] for r in baseline}
+    assert {"heapq", "sortedlist", "in_memory", "in_memory-pure", "delay_index-pure"} <= kinds
+    verdict = gate.compare(ratios, ratios, gate.DEFAULT_TOLERANCE)
+    assert verdict.ok and verdict.compared == len(ratios)
+
+
+def test_gate_runs_as_a_script(tmp_path: Path) -> None:
+    base = _write(tmp_path / "base.json", _run())
+    slow = _write(tmp_path / "slow.json", _run(**{"add[in_memory]": 2.0}))
+    done = subprocess.run(
+        [sys.executable, str(BENCH_DIR / "gate.py"), str(slow), "--baseline", str(base)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "REGRESSION" in done.stdout and "add[in_memory]" in done.stdout
+
+
+# -- the suite's slowdown hook ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def support() -> ModuleType:
+    return _load("support")
+
+
+def test_parse_slowdown(support: ModuleType) -> None:
+    assert support.parse_slowdown("") == {}
+    assert support.parse_slowdown("delay_index:2, in_memory-pure:1.5") == {
+        "delay_index": 2.0,
+        "in_memory-pure": 1.5,
+    }
+
+
+@pytest.mark.parametrize("text", ["delay_index", "nope:2", "heapq:x", "heapq:0.5", "heapq:nan"])
+def test_parse_slowdown_refuses_bad_items(support: ModuleType, text: str) -> None:
+    with pytest.raises(ValueError, match="DELAYINDEX_BENCH_SLOWDOWN"):
+        support.parse_slowdown(text)
+
+
+def test_slowed_is_the_function_itself_without_injection(
+    support: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(support.SLOWDOWN_ENV, raising=False)
+    assert support.slowed("heapq", len) is len
+    monkeypatch.setenv(support.SLOWDOWN_ENV, "heapq:3")
+    wrapped = support.slowed("heapq", len)
+    assert wrapped is not len and wrapped([1, 2]) == 2
+    assert support.slowed("delay_index", len) is len

@@ -1,0 +1,146 @@
+"""``delayindex bench``: argument parsing, the clear exits when it cannot run, and one end-to-end
+run on a tiny stand-in suite (two trivial benchmarks, in a subprocess) that checks the JSON is
+written and the table shows each row's ratio to heapq. The real suite is not run here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from delayindex import cli
+from delayindex.cli import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, build_parser, main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_are_the_quick_tier() -> None:
+    args = build_parser().parse_args(["bench"])
+    assert (args.command, args.tier, args.json_out) == (
+        "bench",
+        "quick",
+        Path("delayindex-bench.json"),
+    )
+    assert args.benchmarks_dir is None and args.keyword is None
+    assert build_parser().parse_args(["bench", "--quick"]).tier == "quick"
+
+
+def test_full_tier_and_options() -> None:
+    args = build_parser().parse_args(
+        ["bench", "--full", "--json-out", "out/run.json", "--benchmarks-dir", "b", "-k", "add"]
+    )
+    assert (args.tier, args.json_out, args.benchmarks_dir, args.keyword) == (
+        "full",
+        Path("out/run.json"),
+        Path("b"),
+        "add",
+    )
+
+
+@pytest.mark.parametrize("argv", [["bench", "--quick", "--full"], ["bench", "--tier", "x"]])
+def test_bad_arguments_exit_2(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == EXIT_USAGE
+
+
+def test_default_suite_is_the_checkouts_benchmarks_dir() -> None:
+    if not (Path(cli.__file__).resolve().parents[2] / "benchmarks").is_dir():
+        pytest.skip("delayindex is not imported from a checkout (non-editable install)")
+    assert cli.find_benchmarks_dir() == REPO / "benchmarks"
+
+
+def test_no_suite_exits_2_with_an_explanation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "--benchmarks-dir", str(tmp_path)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "no benchmark suite at" in err and "editable" in err
+    assert not (tmp_path / "delayindex-bench.json").exists()
+
+
+def test_missing_pytest_benchmark_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: object) -> object:
+        return None if name == "pytest_benchmark" else real(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert main(["bench", "--quick"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "pytest_benchmark" in err and ".[test]" in err
+
+
+_CONFTEST = """
+def pytest_addoption(parser):
+    parser.addoption("--bench-tier", default="quick")
+"""
+_BENCH = """
+import pytest
+
+
+def _work(n):
+    return sum(range(n))
+
+
+@pytest.mark.parametrize("kind, n", [("heapq", 20000), ("delay_index", 2000)])
+def test_sum(benchmark, request, kind, n):
+    assert request.config.getoption("bench_tier") == "{tier}"
+    benchmark.group = "fake-1e3"
+    benchmark.extra_info.update(kind=kind, label=kind + " row")
+    assert benchmark.pedantic(_work, args=(n,), rounds=2, iterations=1) == n * (n - 1) // 2
+    {extra}
+"""
+
+
+def _suite(tmp_path: Path, tier: str = "quick", extra: str = "") -> Path:
+    suite = tmp_path / "benchmarks"
+    suite.mkdir()
+    (suite / "conftest.py").write_text(_CONFTEST, encoding="utf-8")
+    (suite / "test_fake.py").write_text(_BENCH.format(tier=tier, extra=extra), encoding="utf-8")
+    shutil.copy(REPO / "benchmarks" / "gate.py", suite / "gate.py")
+    return suite
+
+
+def _bench(suite: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, COLUMNS="200")
+    env.pop("DELAYINDEX_BENCH_SLOWDOWN", None)
+    return subprocess.run(
+        [sys.executable, "-m", "delayindex", "bench", "--benchmarks-dir", str(suite), *argv],
+        capture_output=True,
+        text=True,
+        cwd=suite.parent,
+        env=env,
+        check=False,
+        timeout=300,
+    )
+
+
+def test_runs_the_suite_writes_json_and_prints_ratios(tmp_path: Path) -> None:
+    pytest.importorskip("pytest_benchmark")
+    suite = _suite(tmp_path, tier="full")
+    done = _bench(suite, "--full", "--json-out", "out.json")
+    assert done.returncode == EXIT_OK, done.stdout + done.stderr
+    records = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))["benchmarks"]
+    assert sorted(r["extra_info"]["kind"] for r in records) == ["delay_index", "heapq"]
+    table = done.stdout[done.stdout.index("delayindex bench --full") :]
+    assert "fake-1e3" in table and "delay_index row" in table and "heapq row" in table
+    heapq_line = next(line for line in table.splitlines() if "heapq row" in line)
+    assert heapq_line.rstrip(" │").endswith("1")  # heapq's ratio to itself
+    assert f"gate.py {tmp_path / 'out.json'}" in done.stdout
+
+
+def test_a_failing_benchmark_exits_1(tmp_path: Path) -> None:
+    pytest.importorskip("pytest_benchmark")
+    suite = _suite(tmp_path, extra="assert kind != 'delay_index', 'the check failed'")
+    done = _bench(suite, "--json-out", "out.json")
+    assert done.returncode == EXIT_CHECK_FAILED, done.stdout + done.stderr
+    assert "the check failed" in done.stdout
