@@ -231,16 +231,21 @@ SCENARIOS = {
 CRASH_POINTS = [(name, k) for name, s in SCENARIOS.items() for k in range(len(s.steps))]
 
 
-def _run(env: Env, scenario: Scenario, ids: dict[str, str], crash_at: int | None) -> list[str]:
-    """Run the scenario on a fresh catalog, crashing at step ``crash_at``; return the steps seen."""
-    steps: list[str] = []
+def _crashing_hook(steps: list[str], crash_at: int | None) -> Callable[[str], None]:
+    """A crash hook that records each step in ``steps`` and dies at step number ``crash_at``."""
 
     def hook(step: str) -> None:
         steps.append(step)
         if len(steps) - 1 == crash_at:
             raise SimulatedCrash(step)
 
-    catalog = Catalog.open(env.storage, NAME, crash_hook=hook)
+    return hook
+
+
+def _run(env: Env, scenario: Scenario, ids: dict[str, str], crash_at: int | None) -> list[str]:
+    """Run the scenario on a fresh catalog, crashing at step ``crash_at``; return the steps seen."""
+    steps: list[str] = []
+    catalog = Catalog.open(env.storage, NAME, crash_hook=_crashing_hook(steps, crash_at))
     assert steps == []  # nothing to repair after _prepare
     if crash_at is not None:
         with pytest.raises(SimulatedCrash):
@@ -303,14 +308,8 @@ def test_crash_during_repair(make_env: Callable[[], Env], name: str, crash_at: i
 def _open_crashing_at(env: Env, index: int) -> list[str]:
     """Open the catalog with a hook that crashes at repair step ``index``; the steps seen."""
     seen: list[str] = []
-
-    def hook(step: str) -> None:
-        seen.append(step)
-        if len(seen) - 1 == index:
-            raise SimulatedCrash(step)
-
     with contextlib.suppress(SimulatedCrash):
-        Catalog.open(env.storage, NAME, crash_hook=hook).close()
+        Catalog.open(env.storage, NAME, crash_hook=_crashing_hook(seen, index)).close()
     return seen
 
 
@@ -546,13 +545,7 @@ BATCH_STEPS = ["batch.begin", "batch.intents_committed", "batch.objects_written"
 
 def _run_batch(env: Env, ids: dict[str, str], crash_at: int | None) -> tuple[list[str], Any]:
     steps: list[str] = []
-
-    def hook(step: str) -> None:
-        steps.append(step)
-        if len(steps) - 1 == crash_at:
-            raise SimulatedCrash(step)
-
-    catalog = Catalog.open(env.storage, NAME, crash_hook=hook)
+    catalog = Catalog.open(env.storage, NAME, crash_hook=_crashing_hook(steps, crash_at))
     try:
         result = catalog.apply_batch([CONTENT[(40, 43)], CONTENT[(50, 53)]], [ids["A"], ids["B"]])
     except SimulatedCrash:

@@ -88,19 +88,27 @@ def test_backpressure_while_indexes_live_only_in_memory() -> None:
         assert index.stats()["blocked_on_persistence"] is False
 
 
-def test_backpressure_stays_while_creates_fail() -> None:
-    clock, storage = ManualClock(T0), MemoryStorage()
-    with _open(
+def _with_failed_create(storage: MemoryStorage, clock: ManualClock, **config: Any) -> DelayIndex:
+    """An index pausing above 2 unpersisted indexes whose first bucket's create has failed:
+    (1, 0), (1, 1) sealed as [1, 1] and kept in memory, (2, 0) in the mutable bucket."""
+    index = _open(
         storage,
         clock,
         min_index_count_per_bucket=2,
         pause_on_unpersisted=True,
         max_unpersisted_indexes=2,
         fixed_delay_lookahead=0,
-    ) as index:
-        storage.inject_failure("create", times=4)
-        for ledger, entry in [(1, 0), (1, 1), (2, 0)]:  # (2, 0) seals [1, 1]: its create fails
-            assert index.add(ledger, entry, DUE)
+        **config,
+    )
+    storage.inject_failure("create", times=4)
+    for ledger, entry in [(1, 0), (1, 1), (2, 0)]:  # (2, 0) seals [1, 1]: its create fails
+        assert index.add(ledger, entry, DUE)
+    return index
+
+
+def test_backpressure_stays_while_creates_fail() -> None:
+    clock, storage = ManualClock(T0), MemoryStorage()
+    with _with_failed_create(storage, clock) as index:
         index.flush()
         assert index.stats()["memory_mode_buckets"] == 1
         assert index.stats()["unpersisted"] == 3
@@ -124,18 +132,7 @@ def test_clear_persists_the_mark_reset_at_once() -> None:
 
 def test_backpressure_clears_when_the_failed_write_is_retried() -> None:
     clock, storage = ManualClock(T0), MemoryStorage()
-    with _open(
-        storage,
-        clock,
-        min_index_count_per_bucket=2,
-        pause_on_unpersisted=True,
-        max_unpersisted_indexes=2,
-        fixed_delay_lookahead=0,
-        delete_retry_delay_ms=1_000,
-    ) as index:
-        storage.inject_failure("create", times=4)
-        for ledger, entry in [(1, 0), (1, 1), (2, 0)]:  # (2, 0) seals [1, 1]: its create fails
-            assert index.add(ledger, entry, DUE)
+    with _with_failed_create(storage, clock, delete_retry_delay_ms=1_000) as index:
         assert index.should_pause_all_deliveries() and index.unpersisted() == 3
         clock.advance(1_000)  # the retry's backoff is over; nothing is due yet
         assert index.poll(10) == []

@@ -43,7 +43,6 @@ and a regression seed.
 from __future__ import annotations
 
 import os
-import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -95,7 +94,6 @@ class Run:
     restarts: int
     open_failures: int
     ops: dict[str, dict[str, int]]  # the index's op counters, summed over its incarnations
-    seconds: float
 
 
 class Dispatcher:
@@ -241,7 +239,6 @@ def storm(
     messages: int, executor: str, *, seed: int, restart_at: float = RESTART_AT
 ) -> tuple[Run, Dispatcher]:
     """Run the storm; return what it observed and the dispatcher (its index still open)."""
-    started = time.perf_counter()
     scale = messages / NATIVE_MESSAGES
     config = TrackerConfig(
         strict=True,
@@ -272,8 +269,7 @@ def storm(
         d.index.close()  # stops the index's thread, if it has one
         raise
     d.collect_ops()
-    seconds = time.perf_counter() - started
-    return Run(d.deliveries, replay, d.early, restarts, d.open_failures, d.ops_seen, seconds), d
+    return Run(d.deliveries, replay, d.early, restarts, d.open_failures, d.ops_seen), d
 
 
 def violations(run: Run, d: Dispatcher) -> list[str]:
@@ -362,7 +358,7 @@ def test_fault_storm(executor: str, seed: int) -> None:
     run, d = storm(messages, executor, seed=seed)
     faults = sum(sum(c.values()) for c in d.storage.fault_counts().values())
     print(
-        f"storm {executor} seed={seed} messages={messages}: {run.seconds:.1f} s, "
+        f"storm {executor} seed={seed} messages={messages}: "
         f"{faults} injected failures, {run.open_failures} failed opens, ops {run.ops}"
     )
     try:

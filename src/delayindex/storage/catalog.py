@@ -546,24 +546,22 @@ class Catalog:
                 if manifest != self._manifest:
                     self._commit(manifest)
                     commits += 1
-            except CommitOutcomeUnknownError as exc:
-                # Maybe durable, maybe not: report failure. A retry of the same create after
-                # the resync finds it live (same range, same metadata) and acknowledges it.
-                self._problem(f"batch commit outcome unknown: {exc}")
-                unknown = tuple(
+            except (StorageError, ManifestConflictError) as exc:
+                # Every create of the batch failed with it; the other outcomes stand.
+                failed_all = tuple(
                     exc if isinstance(s, Intent) else o for s, o in zip(plan, outcomes, strict=True)
                 )
-                return BatchResult(unknown, tuple(False for _ in ids), commits)
-            except (StorageError, ManifestConflictError) as exc:
+                if isinstance(exc, CommitOutcomeUnknownError):
+                    # Maybe durable, maybe not: nothing is rolled back. A retry of the same
+                    # create after the resync finds it live (same range and metadata).
+                    self._problem(f"batch commit outcome unknown: {exc}")
+                    return BatchResult(failed_all, tuple(False for _ in ids), commits)
                 self._problem(f"batch commit failed; the batch is rolled back: {exc}")
                 try:
                     self._convert_creates()  # the written objects become delete intents
                 except (StorageError, ManifestConflictError) as undo_exc:
                     self._problem(f"rollback failed ({undo_exc}); the next open rolls it back")
-                rolled = tuple(
-                    exc if isinstance(s, Intent) else o for s, o in zip(plan, outcomes, strict=True)
-                )
-                return BatchResult(rolled, self._deletes_done(ids), commits)
+                return BatchResult(failed_all, self._deletes_done(ids), commits)
             self._hook("batch.committed")
             for undo in failed:  # 4
                 self._finish_delete(undo)
@@ -714,17 +712,7 @@ class Catalog:
                 )  # fmt: skip
             self._commit(manifest)
             self._hook("dead.requeued")
-            completed, failed, again = [], [], []
-            for snapshot_id in wanted:
-                intent = self._manifest.intent(snapshot_id)
-                assert intent is not None
-                if self._finish_delete(intent):
-                    completed.append(snapshot_id)
-                elif any(d.snapshot_id == snapshot_id for d in self._manifest.dead_letters):
-                    again.append(snapshot_id)
-                else:
-                    failed.append(snapshot_id)
-            return RetryReport(tuple(completed), tuple(failed), tuple(again))
+            return self._finish_deletes(wanted)
 
     def note_mark_delete(self, mark: tuple[int, int] | None) -> None:
         """Record the owner's mark-delete position; it is persisted with the next commit (or
@@ -783,18 +771,7 @@ class Catalog:
                 for i in self._manifest.intents
                 if i.kind == "delete" and (force or i.next_attempt_ms <= now)
             ]
-            completed, failed, dead = [], [], []
-            for snapshot_id in due:
-                intent = self._manifest.intent(snapshot_id)
-                if intent is None:
-                    continue
-                if self._finish_delete(intent):
-                    completed.append(snapshot_id)
-                elif any(d.snapshot_id == snapshot_id for d in self._manifest.dead_letters):
-                    dead.append(snapshot_id)
-                else:
-                    failed.append(snapshot_id)
-            return RetryReport(tuple(completed), tuple(failed), tuple(dead))
+            return self._finish_deletes(due)
 
     def close(self) -> None:
         """Release the name's lock. Idempotent; the catalog is unusable afterwards."""
@@ -930,6 +907,21 @@ class Catalog:
             return manifest.with_dead_letter(updated)
         self._problem(f"delete of {intent.snapshot_id!r} failed (attempt {attempts}): {exc}")
         return manifest.with_updated_intent(updated)
+
+    def _finish_deletes(self, snapshot_ids: Iterable[str]) -> RetryReport:
+        """Delete steps 2-3 for each pending delete intent of ``snapshot_ids``; by outcome."""
+        completed, failed, dead = [], [], []
+        for snapshot_id in snapshot_ids:
+            intent = self._manifest.intent(snapshot_id)
+            if intent is None:
+                continue
+            if self._finish_delete(intent):
+                completed.append(snapshot_id)
+            elif any(d.snapshot_id == snapshot_id for d in self._manifest.dead_letters):
+                dead.append(snapshot_id)
+            else:
+                failed.append(snapshot_id)
+        return RetryReport(tuple(completed), tuple(failed), tuple(dead))
 
     def _record_delete_failure(self, intent: Intent, exc: BaseException) -> None:
         new = self._with_delete_failure(self._manifest, intent, exc)

@@ -787,9 +787,7 @@ class DelayIndex(TrackerFront):
     def _defer(self, queue: list[Any], item: Any) -> None:
         """Keep a failed change for a retry after the backoff, on the index's clock (lock held)."""
         queue.append(item)
-        attempts = item.attempts if isinstance(item, _PendingCreate) else 1
-        delay = self._config.delete_retry_delay_ms * min(2 ** max(attempts - 1, 0), 64)
-        self._deferred_at = min(self._deferred_at, max(self._now(), 0) + delay)
+        self._defer_at(item.attempts if isinstance(item, _PendingCreate) else 1)
 
     def _create_failed(self, item: _PendingCreate, exc: BaseException) -> None:
         """A snapshot write failed: the bucket stays in memory and is retried later."""
@@ -877,11 +875,13 @@ class DelayIndex(TrackerFront):
         for b in sources:
             self._core.add_range(b.start, b.end)
 
-    def _maybe_retry_deletes(self, now: int) -> None:
-        """Queue a retry of the failed deletes whose backoff has run out (lock held).
+    def _maybe_retry_failures(self, now: int) -> None:
+        """Queue the retries whose backoff has run out (lock held): failed snapshot writes and
+        deletes the group commit deferred, a merge whose outcome is unknown, and the catalog's
+        failed delete intents.
 
-        Driven by the index's clock: deletes that failed wait ``delete_retry_delay_ms`` (doubling
-        per failure) and move to the dead letters after ``max_delete_attempts``.
+        Driven by the index's clock: failures wait ``delete_retry_delay_ms`` (doubling per
+        failure); delete intents move to the dead letters after ``max_delete_attempts``.
         """
         if self._deferred_at <= now:
             self._deferred_at = MAX_TIME
@@ -1123,7 +1123,7 @@ class DelayIndex(TrackerFront):
             for sid in self._core.take_exhausted():
                 self._exhaust(sid)
             if self._catalog.manifest.intents or self._deferred_at <= now:
-                self._maybe_retry_deletes(now)
+                self._maybe_retry_failures(now)
             self._rearm(now)
         if self._queued:
             self._submit_queued()
