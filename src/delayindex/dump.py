@@ -34,7 +34,8 @@ Row numbers (``row`` in examples) count from 0 over the whole dump, part files i
 ``file`` and ``file_row`` locate the row inside its part (CSV line = ``file_row + 2``, JSON
 Lines line = ``file_row + 1``).
 
-Spark reuses the same checks: :func:`check_rows` on each partition (per-row checks only), then
+Spark reuses the same checks: :func:`check_rows` on each partition, or :func:`read_part_file`
+on each part file it reads itself (per-row checks only), then
 :func:`resolve_duplicates` per ledger group (a position's rows are all in its ledger's group),
 then :meth:`RejectReport.merge` on the driver. :func:`validate_batch` does both on one batch.
 
@@ -63,22 +64,25 @@ import numpy as np
 import numpy.typing as npt
 
 from delayindex.workload import (
-    _REALISTIC_COMPONENTS,
     DAY_MS,
     DEFAULT_START_MS,
     DELAY_MIXES,
+    REALISTIC_COMPONENTS,
     Workload,
 )
 
 __all__ = [
+    "COLUMNS",
     "DUMP_FORMATS",
     "ENTRY_ID_LIMIT",
     "GEN_BLOCK_ROWS",
     "MAX_EXAMPLES",
     "MIDNIGHT_BURST_SHARE",
     "NOT_DELAYED",
+    "OPTIONAL_COLUMNS",
     "REASONS",
     "REJECT_REASONS",
+    "REQUIRED_COLUMNS",
     "DumpColumns",
     "DumpError",
     "DumpWriter",
@@ -88,8 +92,12 @@ __all__ = [
     "find_conflicts",
     "find_duplicates",
     "generate_dump",
+    "is_position_sorted",
     "iter_generated",
+    "normalize_format",
+    "part_files",
     "read_dump",
+    "read_part_file",
     "resolve_duplicates",
     "validate_batch",
     "write_dump",
@@ -121,9 +129,12 @@ GEN_BLOCK_ROWS = 1 << 20
 #: Share of the delayed messages of the ``midnight-burst`` mix due exactly at the next midnight.
 MIDNIGHT_BURST_SHARE = 0.5
 
+#: Columns a dump must have.
 REQUIRED_COLUMNS: tuple[str, ...] = ("ledger_id", "entry_id", "deliver_at")
+#: Columns a dump may have.
 OPTIONAL_COLUMNS: tuple[str, ...] = ("publish_time",)
-_COLUMNS = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS)
+#: Every column a dump's reader looks at (others are ignored), in this order.
+COLUMNS: tuple[str, ...] = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS)
 
 _EXTENSIONS: dict[str, str] = {
     ".parquet": "parquet",
@@ -145,7 +156,7 @@ _CSV_BLOCK_BYTES = 16 << 20
 _INT64_MAX = 2**63 - 1
 _EXACT_FLOAT = 2**53
 _UNIFORM_RANGE = (1_000, 3_600_000)
-_MAX_REALISTIC_DELAY = max(high for _, _, high in _REALISTIC_COMPONENTS)
+_MAX_REALISTIC_DELAY = max(high for _, _, high in REALISTIC_COMPONENTS)
 _SPARK_HINT = "pip install 'delayindex[spark]'"
 
 
@@ -272,8 +283,11 @@ class DumpColumns:
         )
 
 
-def _is_position_sorted(ledgers: Int64Array, entries: Int64Array, *, strict: bool) -> bool:
-    """Whether positions never decrease (``strict``: strictly increase) from row to row."""
+def is_position_sorted(ledgers: Int64Array, entries: Int64Array, *, strict: bool) -> bool:
+    """Whether positions never decrease (``strict``: strictly increase) from row to row.
+
+    ``strict`` also means no position repeats: a topic dump in position order passes.
+    """
     if ledgers.shape[0] < 2:
         return True
     lo_l, hi_l = ledgers[:-1], ledgers[1:]
@@ -543,7 +557,7 @@ class _Batch:
     def example(self, i: int, detail: str) -> dict[str, Any]:
         row = int(self.rows[i])
         ex: dict[str, Any] = {"row": row, "detail": detail}
-        for column in _COLUMNS:
+        for column in COLUMNS:
             if column in self.arrays:
                 ex[column] = self.cell(column, i)
         if self.file is not None:
@@ -560,7 +574,7 @@ def _check(batch: _Batch) -> tuple[DumpColumns, Int64Array, RejectReport]:
     """Per-row checks of one batch: the rows that pass, their row numbers, the report."""
     n = batch.num_rows
     parsed: dict[str, tuple[Int64Array, BoolArray, BoolArray]] = {}
-    for column in _COLUMNS:
+    for column in COLUMNS:
         if column in batch.arrays:
             parsed[column] = _parse_ints(batch.arrays[column])
         elif column in REQUIRED_COLUMNS:  # JSON writers omit null fields
@@ -614,7 +628,7 @@ def _check(batch: _Batch) -> tuple[DumpColumns, Int64Array, RejectReport]:
 def _wrong_detail(
     batch: _Batch, parsed: dict[str, tuple[Int64Array, BoolArray, BoolArray]], i: int
 ) -> str:
-    for column in _COLUMNS:
+    for column in COLUMNS:
         if column in parsed and parsed[column][2][i]:
             return f"{column}: {batch.cell(column, i)!r} is not a long integer"
     return "not a long integer"  # pragma: no cover - a wrong row has a bad column
@@ -639,7 +653,7 @@ def _table_batch(
             f"a dump needs {', '.join(REQUIRED_COLUMNS)}"
         )
     arrays = {}
-    for column in _COLUMNS:
+    for column in COLUMNS:
         if column in names:
             col = table.column(column)
             arrays[column] = col.combine_chunks() if hasattr(col, "combine_chunks") else col
@@ -657,7 +671,7 @@ def _frame_batch(frame: Any, rows: Int64Array) -> _Batch:
         )
     arrays: dict[str, Any] = {}
     raw: dict[str, Sequence[Any]] = {}
-    for column in _COLUMNS:
+    for column in COLUMNS:
         if column not in names:
             continue
         series = frame[column]
@@ -725,7 +739,7 @@ def _same_as_previous(ledgers: Int64Array, entries: Int64Array) -> BoolArray:
 def _require_sorted(ledgers: Int64Array, entries: Int64Array) -> None:
     if ledgers.shape != entries.shape:
         raise ValueError(f"ledgers and entries differ in length: {ledgers.shape} {entries.shape}")
-    if not _is_position_sorted(ledgers, entries, strict=False):
+    if not is_position_sorted(ledgers, entries, strict=False):
         raise ValueError("positions must be sorted by (ledger_id, entry_id)")
 
 
@@ -833,7 +847,7 @@ def resolve_duplicates(
     if rows.shape[0] != n:
         raise ValueError(f"row_numbers has {rows.shape[0]} entries for {n} rows")
     report = RejectReport() if report is None else report
-    if _is_position_sorted(columns.ledger_ids, columns.entry_ids, strict=True):
+    if is_position_sorted(columns.ledger_ids, columns.entry_ids, strict=True):
         return columns, rows, report  # a well-formed topic dump: nothing to sort or drop
     order = np.lexsort((rows, columns.entry_ids, columns.ledger_ids))
     columns, rows = columns.take(order), rows[order]
@@ -925,7 +939,12 @@ def detect_format(path: str | os.PathLike[str]) -> str | None:
     return _split_suffix(Path(path))[0]
 
 
-def _normalize_format(fmt: str | None) -> str | None:
+def normalize_format(fmt: str | None) -> str | None:
+    """The canonical name (:data:`DUMP_FORMATS`) of a format name or alias; None stays None.
+
+    Raises:
+        DumpError: an unknown format.
+    """
     if fmt is None:
         return None
     canonical = _FORMAT_ALIASES.get(str(fmt).lower())
@@ -934,8 +953,15 @@ def _normalize_format(fmt: str | None) -> str | None:
     return canonical
 
 
-def _part_files(path: Path, fmt: str | None) -> tuple[list[Path], str]:
-    """The data files of a dump (one file or a directory of parts) and their format."""
+def part_files(path: Path, fmt: str | None) -> tuple[list[Path], str]:
+    """The data files of a dump (one file or a directory of parts, in name order) and their
+    format (``fmt``, canonical or None, wins over the names).
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        DumpError: the format cannot be told, a directory without part files, with
+            sub-directories or with part files of several formats.
+    """
     if not path.exists():
         raise FileNotFoundError(f"no dump at {path}")
     if path.is_file():
@@ -976,7 +1002,7 @@ def _read_parquet(file: Path, label: str, offset: int) -> Iterator[_Batch]:
     except (pa.ArrowException, OSError) as exc:
         raise DumpError(f"{label}: not a readable Parquet file: {exc}") from exc
     names = list(reader.schema_arrow.names)
-    present = [c for c in _COLUMNS if c in names]
+    present = [c for c in COLUMNS if c in names]
     if reader.metadata.num_rows == 0:
         table = reader.schema_arrow.empty_table()
         yield _table_batch(table, rows=np.empty(0, np.int64), file=label, where=label)
@@ -997,7 +1023,7 @@ def _read_csv(file: Path, label: str, offset: int) -> Iterator[_Batch]:
 
     def open_reader(include: list[str] | None) -> Any:
         convert = pcsv.ConvertOptions(
-            column_types={c: pa.string() for c in _COLUMNS},
+            column_types={c: pa.string() for c in COLUMNS},
             strings_can_be_null=True,
             null_values=["", "null", "NULL"],
             include_columns=include,
@@ -1010,7 +1036,7 @@ def _read_csv(file: Path, label: str, offset: int) -> Iterator[_Batch]:
         header = list(open_reader(None).schema.names)  # reads the first block only
     except pa.ArrowException as exc:
         raise DumpError(f"{label}: not a readable CSV file: {exc}") from exc
-    present = [c for c in _COLUMNS if c in header]
+    present = [c for c in COLUMNS if c in header]
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
         raise DumpError(
@@ -1031,7 +1057,7 @@ def _read_json_python(file: Path, label: str) -> tuple[dict[str, list[Any]], int
     """JSON Lines parsed line by line: cells per column (for files pyarrow's typed reader
     refuses, e.g. a string where other rows have numbers)."""
     pa = _arrow()
-    cells: dict[str, list[Any]] = {c: [] for c in _COLUMNS}
+    cells: dict[str, list[Any]] = {c: [] for c in COLUMNS}
     count = 0
     with pa.input_stream(str(file), compression="detect") as stream:
         raw = stream.read()
@@ -1048,7 +1074,7 @@ def _read_json_python(file: Path, label: str) -> tuple[dict[str, list[Any]], int
             raise DumpError(f"{label}: line {number} is not JSON: {exc}") from exc
         if not isinstance(obj, dict):
             raise DumpError(f"{label}: line {number} is not a JSON object")
-        for column in _COLUMNS:
+        for column in COLUMNS:
             cells[column].append(obj.get(column))
         count += 1
     return cells, count
@@ -1059,11 +1085,11 @@ def _read_jsonl(file: Path, label: str, offset: int) -> Iterator[_Batch]:
     raw: dict[str, Sequence[Any]] | None = None
     try:
         table = pj.read_json(pa.input_stream(str(file), compression="detect"))
-        table = table.select([c for c in _COLUMNS if c in table.schema.names])
+        table = table.select([c for c in COLUMNS if c in table.schema.names])
     except pa.ArrowInvalid:
         # Mixed types in a column: parse in Python and keep the original cells for examples.
         cells, count = _read_json_python(file, label)
-        present = [c for c in _COLUMNS if any(v is not None for v in cells[c])]
+        present = [c for c in COLUMNS if any(v is not None for v in cells[c])]
         raw = {c: cells[c] for c in present}
         table = pa.table({c: _stringify(raw[c]) for c in present}) if present else None
         if table is None:
@@ -1092,6 +1118,28 @@ _READERS: dict[str, Callable[[Path, str, int], Iterator[_Batch]]] = {
 }
 
 
+def read_part_file(
+    file: Path, fmt: str, label: str, offset: int = 0
+) -> Iterator[tuple[DumpColumns, Int64Array, RejectReport]]:
+    """Read one part file batch by batch with the per-row checks (:func:`check_rows`).
+
+    Args:
+        file: the part file.
+        fmt: its canonical format (:func:`normalize_format`).
+        label: how examples name the file (their ``file``).
+        offset: row number of the file's first row.
+
+    Yields:
+        ``(columns, row_numbers, report)`` per batch, as :func:`check_rows` returns them
+        (``report.total_rows`` = rows in the batch).
+
+    Raises:
+        DumpError: a missing required column or an unreadable file.
+    """
+    for batch in _READERS[fmt](file, label, offset):
+        yield _check(batch)
+
+
 def read_dump(
     path: str | os.PathLike[str], fmt: str | None = None, *, strict: bool = False
 ) -> tuple[DumpColumns, RejectReport]:
@@ -1114,8 +1162,7 @@ def read_dump(
             the counts so far.
     """
     root = Path(path)
-    files, found = _part_files(root, _normalize_format(fmt))
-    read = _READERS[found]
+    files, found = part_files(root, normalize_format(fmt))
     report = RejectReport()
     pieces: list[DumpColumns] = []
     row_pieces: list[Int64Array] = []
@@ -1126,14 +1173,13 @@ def read_dump(
         label = file.name if root.is_dir() else str(file)
         file_starts.append(offset)
         labels.append(label)
-        for batch in read(file, label, offset):
-            columns, rows, batch_report = _check(batch)
+        for columns, rows, batch_report in read_part_file(file, found, label, offset):
             report.merge(batch_report)
             if strict and not batch_report.ok:
                 raise DumpError(f"{root}: {report.first_problem()}", report)
             pieces.append(columns)
             row_pieces.append(rows)
-            offset += batch.num_rows
+            offset += batch_report.total_rows
     columns = DumpColumns.concat(pieces)
     rows = np.concatenate(row_pieces) if row_pieces else np.empty(0, np.int64)
     columns, _, report = resolve_duplicates(columns, rows, report)
@@ -1172,7 +1218,7 @@ class DumpWriter:
         """Choose the format; nothing is written before the first :meth:`write`."""
         self.path = Path(path)
         by_name, compression = _split_suffix(self.path)
-        self.fmt = _normalize_format(fmt) or by_name or "parquet"
+        self.fmt = normalize_format(fmt) or by_name or "parquet"
         if self.fmt == "parquet" and compression is not None:
             raise DumpError(f"{self.path}: Parquet files are compressed inside; drop the suffix")
         self._compression = compression
@@ -1411,10 +1457,10 @@ def _generate_block(spec: _GenSpec, block: int) -> DumpColumns:
     elif spec.mix == "uniform":
         delay = _uniform_ms(streams[2].random(size), *_UNIFORM_RANGE)
     else:  # the realistic mix of delayindex.workload: pick a component, then a delay in it
-        edges = np.array([edge for edge, _, _ in _REALISTIC_COMPONENTS[:-1]])
+        edges = np.array([edge for edge, _, _ in REALISTIC_COMPONENTS[:-1]])
         component = np.searchsorted(edges, streams[1].random(size), side="right")
-        low = np.array([c[1] for c in _REALISTIC_COMPONENTS], np.int64)[component]
-        high = np.array([c[2] for c in _REALISTIC_COMPONENTS], np.int64)[component]
+        low = np.array([c[1] for c in REALISTIC_COMPONENTS], np.int64)[component]
+        high = np.array([c[2] for c in REALISTIC_COMPONENTS], np.int64)[component]
         delay = _uniform_ms(streams[2].random(size), low, high)
     deliver = publish + delay
     if spec.mix == "midnight-burst":

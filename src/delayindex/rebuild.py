@@ -56,6 +56,7 @@ import numpy.typing as npt
 
 from delayindex.clock import wall_clock_ms
 from delayindex.config import TrackerConfig
+from delayindex.dump import is_position_sorted
 from delayindex.errors import (
     ManifestConflictError,
     SnapshotCorruptError,
@@ -81,6 +82,7 @@ __all__ = [
     "VerifyReport",
     "abort_rebuild",
     "build_bucket",
+    "check_arguments",
     "classify",
     "cutoff_for",
     "plan_buckets",
@@ -160,6 +162,20 @@ def _config(config: object) -> TrackerConfig:
     return config
 
 
+def check_arguments(
+    name: str, config: object, now_ms: object, mark_delete: object
+) -> tuple[TrackerConfig, int, tuple[int, int] | None]:
+    """Check the arguments every rebuild and verify takes; return config, ``now_ms``, mark.
+
+    Raises:
+        ValueError: a bad index name, ``now_ms`` beyond int64, an id of the mark out of range.
+        TypeError: config not a TrackerConfig, ``now_ms`` or an id not an int, a mark that is
+            not a ``(ledger_id, entry_id)`` pair.
+    """
+    validate_key(name, "index name")
+    return _config(config), _int(now_ms, "now_ms"), _mark(mark_delete)
+
+
 def _array(values: object, what: str) -> Int64Array:
     arr = np.asarray(values)
     if arr.ndim != 1:
@@ -205,10 +221,8 @@ def _check_positions(ledgers: Int64Array, entries: Int64Array) -> None:
             f"0 <= entry_id < 2**32 ({len(bad)} such rows; read dumps with "
             f"delayindex.dump.read_dump, which rejects them)"
         )
-    # A dump in position order is strictly increasing: then it has no duplicate (one pass).
-    dl, de = np.diff(ledgers), np.diff(entries)
-    if bool(np.all((dl > 0) | ((dl == 0) & (de > 0)))):
-        return
+    if is_position_sorted(ledgers, entries, strict=True):
+        return  # a dump in position order has no duplicate (one pass)
     order = np.lexsort((entries, ledgers))
     sl, se = ledgers[order], entries[order]
     same = np.flatnonzero((sl[1:] == sl[:-1]) & (se[1:] == se[:-1]))
@@ -559,14 +573,12 @@ def rebuild_local(
             (or, if that failed too, are left for the next open): the old buckets stay live.
     """
     started = time.perf_counter()
-    validate_key(name, "index name")
-    config = _config(config)
-    mark = _mark(mark_delete)
+    config, now, mark = check_arguments(name, config, now_ms, mark_delete)
     if progress is not None and not callable(progress):
         raise TypeError("progress must be callable")
     ledgers, entries, times = _columns(columns)
     _check_positions(ledgers, entries)
-    seen = _classify(ledgers, entries, times, now_ms, config, mark)
+    seen = _classify(ledgers, entries, times, now, config, mark)
     t, lg, en = times[seen.mask], ledgers[seen.mask], entries[seen.mask]
     unique, counts = np.unique(lg, return_counts=True)
     sealed = plan_buckets(unique, counts, config.replace(max_num_buckets=0))
@@ -603,7 +615,7 @@ def rebuild_local(
         catalog.close()
     return RebuildReport(
         name=name,
-        now_ms=int(now_ms),
+        now_ms=now,
         cutoff_ms=seen.cutoff_ms,
         rows=len(times),
         tracked=len(t),
@@ -885,13 +897,11 @@ def verify_store(
         StorageError: the store could not be listed.
     """
     started = time.perf_counter()
-    validate_key(name, "index name")
-    config = _config(config)
-    mark = _mark(mark_delete)
+    config, now, mark = check_arguments(name, config, now_ms, mark_delete)
     grace = _int(orphan_grace_ms, "orphan_grace_ms", 0)
     ledgers, entries, times = _columns(columns)
     _check_positions(ledgers, entries)
-    seen = _classify(ledgers, entries, times, now_ms, config, mark)
+    seen = _classify(ledgers, entries, times, now, config, mark)
     expected = (ledgers[seen.mask], entries[seen.mask], times[seen.mask])
     findings: list[Finding] = []
     try:
@@ -938,7 +948,7 @@ def verify_store(
     findings.sort(key=lambda f: rank[f.kind])
     return VerifyReport(
         name=name,
-        now_ms=int(now_ms),
+        now_ms=now,
         cutoff_ms=seen.cutoff_ms,
         expected=len(expected[0]),
         found=len(fl),

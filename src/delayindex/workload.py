@@ -83,6 +83,7 @@ _REALISTIC_COMPONENTS: tuple[tuple[float, int, int], ...] = (
     (0.95, 60_000, 3_600_000),  # 25 %: 1-60 min
     (1.00, DAY_MS, 10 * DAY_MS),  # 5 %: 1-10 days
 )
+REALISTIC_COMPONENTS = _REALISTIC_COMPONENTS
 
 # "midnight-burst" jitter: uniform in [0, _MIDNIGHT_JITTER_MS).
 _MIDNIGHT_JITTER_MS = 1_000

@@ -82,12 +82,12 @@ from delayindex.clock import wall_clock_ms
 from delayindex.config import TrackerConfig
 from delayindex.dump import DumpColumns, DumpError, RejectReport
 from delayindex.errors import SnapshotExistsError
-from delayindex.model import MAX_ENTRY_ID, MAX_LEDGER_ID
 from delayindex.snapshot.codec import encode_snapshot
 from delayindex.snapshot.format import PreparedSegments, SnapshotMetadata
+from delayindex.spark.session import ARROW_BATCH_ROWS
 from delayindex.storage.catalog import Catalog, CrashHook
 from delayindex.storage.file import FileStorage
-from delayindex.storage.manifest import BucketRecord, validate_key
+from delayindex.storage.manifest import BucketRecord
 
 __all__ = [
     "LOC_SHIFT",
@@ -108,7 +108,6 @@ _LOC_MASK = (1 << LOC_SHIFT) - 1
 #: Python worker's arrays at a few hundred MB.
 _PARTITION_BYTES = {"parquet": 8 << 20, "jsonl": 64 << 20, "csv": 40 << 20}
 _ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
-_ARROW_BATCH_ROWS = 100_000
 _SCAN_SCHEMA = "kind string, a long, b long, text string"
 _ROWS_SCHEMA = "ledger_id long, entry_id long, deliver_at long, loc long, report string"
 _BUILD_SCHEMA = (
@@ -176,32 +175,10 @@ class DumpVerifyReport(rebuild.VerifyReport):
 def _check_args(
     name: str, config: object, now_ms: object, mark_delete: object
 ) -> tuple[TrackerConfig, int, tuple[int, int] | None]:
-    """Validate the common arguments before anything runs; return config, now, mark."""
-    validate_key(name, "index name")
-    if not isinstance(config, TrackerConfig):
-        raise TypeError(f"config must be a TrackerConfig, got {type(config).__name__}")
-    if now_ms is None:
-        now = wall_clock_ms()
-    elif isinstance(now_ms, bool) or not isinstance(now_ms, int):
-        raise TypeError(f"now_ms must be an int or None, got {type(now_ms).__name__}")
-    else:
-        now = now_ms
-    rebuild.cutoff_for(now, config)  # range check of now_ms
-    mark: tuple[int, int] | None = None
-    if mark_delete is not None:
-        if not isinstance(mark_delete, tuple | list) or len(mark_delete) != 2:
-            raise TypeError(f"mark_delete must be (ledger_id, entry_id), got {mark_delete!r}")
-        ledger, entry = mark_delete
-        for value, what, high in (
-            (ledger, "ledger_id", MAX_LEDGER_ID),
-            (entry, "entry_id", MAX_ENTRY_ID),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"mark_delete {what} must be an int, got {value!r}")
-            if not 0 <= value <= high:
-                raise ValueError(f"mark_delete {what} must be in [0, {high}], got {value}")
-        mark = (int(ledger), int(entry))
-    return config, now, mark
+    """Validate the common arguments before anything runs (``now_ms`` None: the wall clock);
+    return config, now, mark."""
+    now = wall_clock_ms() if now_ms is None else now_ms
+    return rebuild.check_arguments(name, config, now, mark_delete)
 
 
 # -- the dump's files ---------------------------------------------------------------------------
@@ -235,7 +212,7 @@ def _resolve_dump(dump: str | os.PathLike[str], fmt: str | None) -> _Dump:
         DumpError: an unknown format, a directory without part files or with several formats.
     """
     text = os.fspath(dump)
-    wanted = dumpmod._normalize_format(fmt)
+    wanted = dumpmod.normalize_format(fmt)
     if not _is_local(text):
         found = wanted or dumpmod.detect_format(text) or "parquet"
         if found != "parquet":
@@ -245,7 +222,7 @@ def _resolve_dump(dump: str | os.PathLike[str], fmt: str | None) -> _Dump:
             )
         return _Dump(text, found, (text,), (text,), 0)
     root = _local(text).resolve()
-    files, found = dumpmod._part_files(root, wanted)
+    files, found = dumpmod.part_files(root, wanted)
     labels = tuple(f.name if root.is_dir() else str(f) for f in files)
     size = sum(f.stat().st_size for f in files)
     return _Dump(str(root), found, tuple(str(f) for f in files), labels, size)
@@ -272,7 +249,7 @@ def _columnar_frame(spark: Any, source: _Dump) -> tuple[Any, tuple[str, ...]] | 
         df = spark.read.parquet(*paths)
     except Exception as exc:  # AnalysisException and friends: unreadable or no schema
         raise DumpError(f"{source.path}: Spark cannot read it as Parquet: {exc}") from exc
-    types = {c: _spark_type(df.schema, c) for c in dumpmod._COLUMNS}
+    types = {c: _spark_type(df.schema, c) for c in dumpmod.COLUMNS}
     missing = [c for c in dumpmod.REQUIRED_COLUMNS if types[c] is None]
     if missing:
         raise DumpError(
@@ -314,16 +291,12 @@ def _read_files(
         [(c, pa.int64()) for c in ("ledger_id", "entry_id", "deliver_at", "loc")]
         + [("report", pa.string())]
     )
-    read = dumpmod._READERS[fmt]
     for batch in batches:
         for index in batch.column(0).to_pylist():
             path, label = files[index]
             report = RejectReport()
-            rows_in_file = 0
-            for raw in read(Path(path), label, 0):
-                columns, rows, checked = dumpmod._check(raw)
+            for columns, rows, checked in dumpmod.read_part_file(Path(path), fmt, label):
                 report.merge(checked)
-                rows_in_file += raw.num_rows
                 loc = rows + (index << LOC_SHIFT)
                 yield pa.RecordBatch.from_arrays(
                     [
@@ -338,7 +311,7 @@ def _read_files(
             for examples in report.examples.values():  # locators, as the rows carry
                 for ex in examples:
                     ex["row"] = ex.get("file_row", ex["row"]) + (index << LOC_SHIFT)
-            note = {"file": index, "rows": rows_in_file, "report": report.to_json()}
+            note = {"file": index, "rows": report.total_rows, "report": report.to_json()}
             yield pa.RecordBatch.from_arrays(
                 [pa.nulls(1, pa.int64())] * 4 + [pa.array([json.dumps(note)])], schema=schema
             )
@@ -472,10 +445,7 @@ def _clean_rows(table: Any) -> DumpColumns | None:
 
 def _position_order(ledgers: Int64Array, entries: Int64Array) -> Int64Array | None:
     """A stable order by position, or None when the rows already strictly increase."""
-    if len(ledgers) < 2:
-        return None
-    dl = np.diff(ledgers)
-    if bool(np.all((dl > 0) | ((dl == 0) & (np.diff(entries) > 0)))):
+    if dumpmod.is_position_sorted(ledgers, entries, strict=True):
         return None
     low = int(ledgers.min())
     if int(ledgers.max()) - low < 2**31:  # (ledger, entry) packs into one int64 key
@@ -795,7 +765,7 @@ def _partitions(spark: Any, source: _Dump, partitions: int | None) -> int:
 def _arrow_batches(spark: Any) -> Iterator[None]:
     """Hand Python 100 000-row Arrow batches (10x fewer round trips) for the job's duration."""
     before = spark.conf.get(_ARROW_BATCH_CONF, None)
-    spark.conf.set(_ARROW_BATCH_CONF, str(_ARROW_BATCH_ROWS))
+    spark.conf.set(_ARROW_BATCH_CONF, str(ARROW_BATCH_ROWS))
     try:
         yield
     finally:
