@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,8 @@ CONFIG = TrackerConfig(
     min_index_count_per_bucket=4, max_num_buckets=0, max_indexes_per_segment=2, tick_ms=0
 )
 HOUR_S = 3600
+#: The time gc runs at (--now-ms); seeded garbage gets mtimes relative to it, never the wall clock.
+GC_NOW_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 
 def open_index(root: Path, name: str, clock: ManualClock) -> DelayIndex:
@@ -69,8 +70,9 @@ def referenced(root: Path) -> set[str]:
 
 
 def age(path: Path, seconds: int) -> None:
-    then = time.time() - seconds
-    os.utime(path, (then, then))
+    """Set the file's mtime to ``seconds`` before :data:`GC_NOW_MS`."""
+    then_ns = (GC_NOW_MS - seconds * 1000) * 1_000_000
+    os.utime(path, ns=(then_ns, then_ns))
 
 
 def seed_garbage(root: Path) -> set[str]:
@@ -81,6 +83,7 @@ def seed_garbage(root: Path) -> set[str]:
     for orphan in ("orphan-copy", "junk-1"):
         age(objects / f"{orphan}.dixs", HOUR_S)
     (objects / "young-1.dixs").write_bytes(b"being written by someone")
+    age(objects / "young-1.dixs", 60)  # inside the default grace period (10m)
     (objects / "notes.txt").write_bytes(b"not an object: never touched")
     age(objects / "notes.txt", HOUR_S)
     (root / "tmp" / "999999999-dead.tmp").write_bytes(b"partial")
@@ -101,6 +104,18 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
     code = main([*argv, "--json"])
     out = capsys.readouterr().out
     return code, json.loads(out)
+
+
+def gc_argv(root: Path, *options: str) -> list[str]:
+    """``gc`` on ``root`` at :data:`GC_NOW_MS`, with ``options``."""
+    return ["gc", "--store", str(root), "--now-ms", str(GC_NOW_MS), *options]
+
+
+def run_gc(capsys: pytest.CaptureFixture[str], root: Path, *options: str) -> tuple[int, Any]:
+    """:func:`run` of ``gc`` at :data:`GC_NOW_MS`."""
+    code, report = run(capsys, *gc_argv(root, *options))
+    assert report["now_ms"] == GC_NOW_MS
+    return code, report
 
 
 def drain(root: Path, name: str) -> set[Position]:
@@ -132,7 +147,7 @@ def test_gc_deletes_exactly_the_seeded_orphans_and_nothing_referenced(
     assert live == referenced(tmp_path) and len(live) == 4 + 3
     orphans = seed_garbage(tmp_path)
 
-    code, dry = run(capsys, "gc", "--store", str(tmp_path))
+    code, dry = run_gc(capsys, tmp_path)
     assert code == EXIT_CHECK_FAILED
     assert {o["id"] for o in dry["orphans"]} == orphans
     assert {o["id"] for o in dry["young"]} == {"young-1"}
@@ -140,7 +155,7 @@ def test_gc_deletes_exactly_the_seeded_orphans_and_nothing_referenced(
     assert dry["temp_files"] == ["999999999-dead.tmp"] and dry["deleted"] == []
     assert object_ids(tmp_path) == live | orphans | {"young-1"}
 
-    code, report = run(capsys, "gc", "--store", str(tmp_path), "--delete", "--grace", "10m")
+    code, report = run_gc(capsys, tmp_path, "--delete", "--grace", "10m")
     assert code == EXIT_OK, report["problems"]
     assert set(report["deleted"]) == orphans
     assert report["failed"] == [] and report["skipped"] == []
@@ -154,7 +169,7 @@ def test_gc_deletes_exactly_the_seeded_orphans_and_nothing_referenced(
         assert drain(tmp_path, name) == positions
 
     # gc with grace 0 now takes the young orphan too, and still nothing else.
-    code, report = run(capsys, "gc", "--store", str(tmp_path), "--delete", "--grace", "0")
+    code, report = run_gc(capsys, tmp_path, "--delete", "--grace", "0")
     assert code == EXIT_OK and report["deleted"] == ["young-1"]
 
 
@@ -182,8 +197,8 @@ def test_dry_runs_and_inspect_change_no_byte(
     edit_manifest(tmp_path, "t", journal)
     before = tree(tmp_path)
     for argv in (
-        ["gc", "--store", str(tmp_path), "--json"],
-        ["gc", "--store", str(tmp_path), "--grace", "0"],
+        gc_argv(tmp_path, "--json"),
+        gc_argv(tmp_path, "--grace", "0"),
         ["inspect", "--store", str(tmp_path), "--json"],
         ["inspect", "--store", str(tmp_path), "--now-ms", str(T0)],
     ):
@@ -215,7 +230,7 @@ def test_gc_resumes_pending_deletes_and_retries_dead_letters_on_request(
         )
 
     edit_manifest(tmp_path, "u", journal)
-    code, dry = run(capsys, "gc", "--store", str(tmp_path))
+    code, dry = run_gc(capsys, tmp_path)
     assert code == EXIT_CHECK_FAILED and dry["orphans"] == []
     [u] = [n for n in dry["names"] if n["name"] == "u"]
     assert (u["pending_deletes"], u["dead_letters"], u["action"]) == (
@@ -225,14 +240,14 @@ def test_gc_resumes_pending_deletes_and_retries_dead_letters_on_request(
     )
     assert dry["problems"] == ["u: 1 unfinished intents", "u: 1 dead letters"]
 
-    code, report = run(capsys, "gc", "--store", str(tmp_path), "--delete")
+    code, report = run_gc(capsys, tmp_path, "--delete")
     [u] = [n for n in report["names"] if n["name"] == "u"]
     assert u["action"] == "resumed" and u["completed"] == [pending]
     assert u["remaining_dead_letters"] == [dead]
     assert code == EXIT_CHECK_FAILED and report["problems"] == ["u: 1 dead letters"]
     assert pending not in object_ids(tmp_path) and dead in object_ids(tmp_path)
 
-    code, report = run(capsys, "gc", "--store", str(tmp_path), "--delete", "--retry-dead-letters")
+    code, report = run_gc(capsys, tmp_path, "--delete", "--retry-dead-letters")
     [u] = [n for n in report["names"] if n["name"] == "u"]
     assert code == EXIT_OK and u["retried"] == [dead] and u["remaining_dead_letters"] == []
     assert dead not in object_ids(tmp_path)
@@ -253,7 +268,7 @@ def test_gc_skips_a_name_whose_writer_is_running(
 
     edit_manifest(tmp_path, "t", journal)
     with FileStorage(tmp_path).lock("t"):  # a running writer of "t" (another FileStorage)
-        code, report = run(capsys, "gc", "--store", str(tmp_path), "--delete")
+        code, report = run_gc(capsys, tmp_path, "--delete")
         [t] = [n for n in report["names"] if n["name"] == "t"]
         assert t["action"] == "in-use" and t["pending_deletes"] == [victim]
         assert victim in object_ids(tmp_path)  # left to its writer
@@ -263,7 +278,7 @@ def test_gc_skips_a_name_whose_writer_is_running(
         assert t["writer"] == {"held": True, "pid": os.getpid()}
     code, info = run(capsys, "inspect", "--store", str(tmp_path), "--name", "t")
     assert info["names"][0]["writer"] == {"held": False, "pid": None}
-    code, report = run(capsys, "gc", "--store", str(tmp_path), "--delete")
+    code, report = run_gc(capsys, tmp_path, "--delete")
     assert code == EXIT_OK and victim not in object_ids(tmp_path)
 
 
@@ -275,7 +290,7 @@ def test_a_corrupt_manifest_stops_gc_with_exit_3_and_deletes_nothing(
     manifest = tmp_path / "manifests" / "u.manifest"
     manifest.write_bytes(manifest.read_bytes()[:-5])
     before = tree(tmp_path)
-    code, report = run(capsys, "gc", "--store", str(tmp_path), "--delete", "--grace", "0")
+    code, report = run_gc(capsys, tmp_path, "--delete", "--grace", "0")
     assert code == EXIT_STORE_ERROR
     assert [c["name"] for c in report["corrupt_manifests"]] == ["u"]
     assert "refusing to delete anything" in report["refused"] and report["deleted"] == []
@@ -285,7 +300,7 @@ def test_a_corrupt_manifest_stops_gc_with_exit_3_and_deletes_nothing(
     t, u = info["names"]
     assert t["error"] == "" and len(t["buckets"]) == 4
     assert u["error_kind"] == "corrupt" and "u.manifest" in u["error"]
-    assert main(["gc", "--store", str(tmp_path)]) == EXIT_STORE_ERROR
+    assert main(gc_argv(tmp_path)) == EXIT_STORE_ERROR
     assert "damaged manifest u" in capsys.readouterr().out
 
 
@@ -298,7 +313,7 @@ def test_io_failures_exit_3(
         raise OSError(5, "disk on fire")
 
     monkeypatch.setattr(FileStorage, "_raw_list", broken)
-    assert main(["gc", "--store", str(tmp_path)]) == EXIT_STORE_ERROR
+    assert main(gc_argv(tmp_path)) == EXIT_STORE_ERROR
     err = capsys.readouterr().err
     assert "store error" in err and "list_objects" in err and "disk on fire" in err
 
@@ -380,7 +395,7 @@ def test_json_keys_are_stable(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         "snapshot_bytes", "loaded_segment", "next_delivery_ms", "due_messages", "below_mark",
         "all_due", "error", "error_kind",
     }  # fmt: skip
-    _, report = run(capsys, "gc", "--store", str(tmp_path))
+    _, report = run_gc(capsys, tmp_path)
     assert set(report) == {
         "command", "store", "now_ms", "grace_ms", "delete", "objects", "object_bytes",
         "referenced", "manifests", "orphans", "young", "corrupt_manifests", "names",
@@ -412,7 +427,7 @@ def test_bad_grace_values_are_usage_errors(
 ) -> None:
     FileStorage(tmp_path)
     with pytest.raises(SystemExit) as exc:
-        main(["gc", "--store", str(tmp_path), "--grace", text])
+        main(gc_argv(tmp_path, "--grace", text))
     assert exc.value.code == EXIT_USAGE
     assert "grace" in capsys.readouterr().err
 
@@ -436,7 +451,11 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "no manifest named nope" in capsys.readouterr().err
     assert main(["gc", "--store", str(tmp_path / "s"), "--retry-dead-letters"]) == EXIT_USAGE
     assert "needs --delete" in capsys.readouterr().err
-    for argv in (["inspect"], ["gc", "--store", str(tmp_path), "--name", "../x"]):
+    for argv in (
+        ["inspect"],
+        ["gc", "--store", str(tmp_path), "--name", "../x"],
+        ["gc", "--store", str(tmp_path), "--now-ms", "-1"],
+    ):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == EXIT_USAGE
@@ -454,7 +473,7 @@ def test_help_documents_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
 def test_gc_human_output_with_progress(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     build(tmp_path)
     seed_garbage(tmp_path)
-    assert main(["gc", "--store", str(tmp_path), "--delete"]) == EXIT_OK
+    assert main(gc_argv(tmp_path, "--delete")) == EXIT_OK
     out = capsys.readouterr().out
     assert "deleted 2 orphans" in out and "orphan-copy" in out and "young-1" in out
     assert "removed 1 stale temp files" in out and "nothing left to collect" in out

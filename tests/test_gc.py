@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from delayindex.clock import ManualClock
 from delayindex.errors import StorageError
 from delayindex.gc import GcReport, find_garbage, run_gc
 from delayindex.snapshot.codec import encode_snapshot
@@ -30,16 +31,6 @@ from delayindex.storage import (
 T0 = 1_700_000_000_000
 MINUTE = 60_000
 HOUR = 60 * MINUTE
-
-
-class Clock:
-    """A settable epoch-ms clock (MemoryStorage stamps objects with it)."""
-
-    def __init__(self, now: int) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
 
 
 class SimulatedCrash(Exception):
@@ -76,7 +67,7 @@ class Store:
     "orphan-young" (1 min old). Now is T0 + 2 h; grace 1 h."""
 
     def __init__(self) -> None:
-        self.clock = Clock(T0)
+        self.clock = ManualClock(T0)
         self.storage = MemoryStorage(clock=self.clock)
         with Catalog.open(self.storage, "a", clock=self.clock) as a:
             self.a_live = [a.create_bucket(*snap(ledger)).snapshot_id for ledger in (1, 2)]
@@ -91,19 +82,19 @@ class Store:
             assert [d.snapshot_id for d in b.manifest.dead_letters] == [self.b_dead]
         self.storage.put_raw_object("orphan-old", encode_snapshot(*snap(9)))
         self.storage.put_raw_object("junk-old", b"not a snapshot")
-        self.clock.now = T0 + 2 * HOUR - MINUTE
+        self.clock.set(T0 + 2 * HOUR - MINUTE)
         self.storage.put_raw_object("orphan-young", encode_snapshot(*snap(10)))
-        self.clock.now = T0 + 2 * HOUR
+        self.clock.set(T0 + 2 * HOUR)
 
     def gc(self, **kwargs: Any) -> GcReport:
-        return run_gc(self.storage, now_ms=self.clock.now, grace_ms=HOUR, **kwargs)
+        return run_gc(self.storage, now_ms=self.clock(), grace_ms=HOUR, **kwargs)
 
 
 def test_dry_run_finds_orphans_and_changes_nothing() -> None:
     s = Store()
     before = state(s.storage)
     stats = s.storage.stats()
-    report = find_garbage(s.storage, now_ms=s.clock.now, grace_ms=HOUR)
+    report = find_garbage(s.storage, now_ms=s.clock(), grace_ms=HOUR)
     assert [o.id for o in report.orphans] == ["junk-old", "orphan-old"]
     assert [o.age_ms for o in report.orphans] == [2 * HOUR, 2 * HOUR]
     assert [(o.id, o.age_ms) for o in report.young] == [("orphan-young", MINUTE)]
@@ -134,7 +125,7 @@ def test_dry_run_finds_orphans_and_changes_nothing() -> None:
     after = s.storage.stats()
     for op in ("delete", "commit_manifest", "lock", "create"):
         assert after[op] == stats[op], op
-    assert run_gc(s.storage, now_ms=s.clock.now, grace_ms=HOUR) == report  # delete=False
+    assert run_gc(s.storage, now_ms=s.clock(), grace_ms=HOUR) == report  # delete=False
 
 
 def test_collect_deletes_exactly_the_old_orphans_and_resumes_intents() -> None:
@@ -179,13 +170,13 @@ def test_a_corrupt_manifest_makes_gc_refuse_to_delete_anything() -> None:
 
 
 def test_the_recheck_spares_candidates_that_changed_after_the_scan() -> None:
-    clock = Clock(T0)
+    clock = ManualClock(T0)
     storage = MemoryStorage(clock=clock)
     data = encode_snapshot(*snap(1))
     for orphan in ("orphan-1", "orphan-2", "orphan-3", "orphan-4"):
         storage.put_raw_object(orphan, data)
     storage.commit_manifest("a", Manifest("a"))
-    clock.now = T0 + 2 * HOUR
+    clock.set(T0 + 2 * HOUR)
     changed: list[str] = []
 
     def meddle(phase: str, done: int, total: int) -> None:
@@ -196,7 +187,7 @@ def test_the_recheck_spares_candidates_that_changed_after_the_scan() -> None:
             storage.put_raw_object("orphan-3", data)  # rewritten: young again
             changed.append(phase)
 
-    report = run_gc(storage, now_ms=clock.now, grace_ms=HOUR, delete=True, progress=meddle)
+    report = run_gc(storage, now_ms=clock(), grace_ms=HOUR, delete=True, progress=meddle)
     assert changed and [o.id for o in report.orphans] == [f"orphan-{i}" for i in (1, 2, 3, 4)]
     assert report.deleted == ("orphan-4",)
     assert {(k.id, k.reason.split(":")[0]) for k in report.skipped} == {
@@ -208,16 +199,16 @@ def test_the_recheck_spares_candidates_that_changed_after_the_scan() -> None:
 
 
 def test_a_manifest_damaged_during_gc_stops_the_orphan_deletes() -> None:
-    clock = Clock(T0)
+    clock = ManualClock(T0)
     storage = MemoryStorage(clock=clock)
     storage.put_raw_object("orphan-1", b"x")
     storage.commit_manifest("a", Manifest("a"))
-    clock.now = T0 + 2 * HOUR
+    clock.set(T0 + 2 * HOUR)
 
     def damage(phase: str, done: int, total: int) -> None:
         storage.put_raw_manifest("a", b"garbage")
 
-    report = run_gc(storage, now_ms=clock.now, grace_ms=HOUR, delete=True, progress=damage)
+    report = run_gc(storage, now_ms=clock(), grace_ms=HOUR, delete=True, progress=damage)
     assert report.deleted == () and "became unreadable" in report.refused
     assert [o.id for o in storage.list_objects()] == ["orphan-1"]
 
@@ -235,13 +226,13 @@ def test_a_name_held_by_a_running_writer_is_skipped() -> None:
 
 
 def test_failed_orphan_deletes_are_reported() -> None:
-    clock = Clock(T0)
+    clock = ManualClock(T0)
     storage = MemoryStorage(clock=clock)
     storage.put_raw_object("orphan-1", b"x")
     storage.put_raw_object("orphan-2", b"y")
-    clock.now = T0 + HOUR
+    clock.set(T0 + HOUR)
     storage.inject_failure("delete", times=4)  # every attempt of the first delete
-    report = run_gc(storage, now_ms=clock.now, grace_ms=0, delete=True)
+    report = run_gc(storage, now_ms=clock(), grace_ms=0, delete=True)
     assert [f.id for f in report.failed] == ["orphan-1"]
     assert "failed after 4 attempts" in report.failed[0].error
     assert report.deleted == ("orphan-2",)
@@ -249,7 +240,7 @@ def test_failed_orphan_deletes_are_reported() -> None:
 
 
 def test_a_create_intent_is_rolled_back_and_its_object_deleted() -> None:
-    clock = Clock(T0)
+    clock = ManualClock(T0)
     storage = MemoryStorage(clock=clock)
 
     def crash(step: str) -> None:
@@ -286,7 +277,7 @@ def test_progress_reports_each_phase() -> None:
 
 
 def test_grace_protects_objects_with_future_mtimes() -> None:
-    clock = Clock(T0 + HOUR)  # a writer whose clock runs ahead
+    clock = ManualClock(T0 + HOUR)  # a writer whose clock runs ahead
     storage = MemoryStorage(clock=clock)
     storage.put_raw_object("ahead", b"x")
     report = run_gc(storage, now_ms=T0, grace_ms=0, delete=True)

@@ -8,10 +8,10 @@
   range, segments, messages, bytes, the segment recovery would load and the next delivery time),
   pending intents, dead letters, the persisted mark-delete position, the writer's last reported
   unpersisted counts and whether a writer holds the name (``delayindex.storeinfo``). Read-only.
-* ``delayindex gc --store PATH [--grace 10m] [--delete] [--retry-dead-letters]``: objects no
-  manifest references, unfinished intents and dead letters (``delayindex.gc``). A dry run unless
-  ``--delete``; never touches an object younger than the grace period or one any manifest
-  references.
+* ``delayindex gc --store PATH [--grace 10m] [--delete] [--retry-dead-letters] [--now-ms]``:
+  objects no manifest references, unfinished intents and dead letters (``delayindex.gc``). A dry
+  run unless ``--delete``; never touches an object younger than the grace period (ages are
+  measured at ``--now-ms``, default now) or one any manifest references.
 * ``delayindex gen-dump OUT --messages N [--entries-per-ledger] [--delayed-fraction]
   [--delay-mix] [--seed] [--format] [--start-ms]``: write a synthetic topic dump
   (``delayindex.dump``, ``docs/dump-format.md``) in chunks, with a progress bar. Needs pyarrow
@@ -99,6 +99,8 @@ GRACE_UNITS: dict[str, int] = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, 
 _GRACE = re.compile(r"(\d+)(ms|s|m|h|d)")
 #: Rows of orphan tables shown to humans (JSON lists every one).
 MAX_ROWS = 50
+#: ``--format`` values of the dump commands (``json`` is an alias of ``jsonl``).
+DUMP_FORMAT_CHOICES = ("parquet", "jsonl", "json", "csv")
 
 
 def _int_at_least(minimum: int) -> Callable[[str], int]:
@@ -246,6 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="keep unreferenced objects younger than this (default 10m; e.g. 0, 30s, 2h, 1d)",
     )
+    gc.add_argument(
+        "--now-ms",
+        type=_int_at_least(0),
+        default=None,
+        help="measure object ages (and run resumed catalogs) at this epoch-ms time (default: now)",
+    )
     gc.add_argument("--delete", action="store_true", help="collect (default: dry run)")
     gc.add_argument(
         "--retry-dead-letters",
@@ -289,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=_int_at_least(0), default=7, help="default 7")
     gen.add_argument(
         "--format",
-        choices=("parquet", "jsonl", "json", "csv"),
+        choices=DUMP_FORMAT_CHOICES,
         default=None,
         help="default: from OUT's extension, else parquet",
     )
@@ -375,8 +383,7 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
             args.messages,
             seed=args.seed,
             master=args.master,
-            workdir=args.workdir,
-            keep=args.workdir is not None,
+            workdir=args.workdir,  # a given workdir is kept
             progress=stage,
         )
     except SparkUnavailableError as exc:
@@ -497,17 +504,22 @@ class _UsageError(Exception):
     """A usage problem found after parsing (exit 2)."""
 
 
-def _open_store(path: Path) -> FileStorage:
-    """The FileStorage at ``path``, which must already be one (never created here).
-
-    Temp files are left alone (``clean_tmp=False``): inspect and dry runs change nothing.
-    """
+def _check_store(path: Path) -> None:
+    """Raise a usage error unless ``path`` is already a FileStorage directory."""
     if not path.exists():
         raise _UsageError(f"no store at {path}: the directory does not exist")
     if not path.is_dir():
         raise _UsageError(f"{path} is not a directory")
     if not ((path / "objects").is_dir() and (path / "manifests").is_dir()):
         raise _UsageError(f"{path} is not a delayindex store (no objects/ and manifests/)")
+
+
+def _open_store(path: Path) -> FileStorage:
+    """The FileStorage at ``path``, which must already be one (never created here).
+
+    Temp files are left alone (``clean_tmp=False``): inspect and dry runs change nothing.
+    """
+    _check_store(path)
     return FileStorage(path, clean_tmp=False)
 
 
@@ -564,6 +576,24 @@ def _size(n: int) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"
+
+
+def _print_problems(console: Console, problems: Sequence[str], ok: str) -> None:
+    """The problems of an inspect or gc report, or the ``ok`` line when there are none."""
+    if problems:
+        console.print(f"[red]{len(problems)} problem(s):[/]")
+        for problem in problems:
+            console.print(f"  - {escape(problem)}", highlight=False, soft_wrap=True)
+    else:
+        console.print(f"[green]ok:[/] {ok}")
+
+
+def _fail(command: str, code: int, kind: str, exc: BaseException) -> int:
+    """Print ``delayindex COMMAND: KIND: error`` on stderr and return the exit ``code``."""
+    Console(stderr=True).print(
+        f"delayindex {command}: {kind}: {escape(str(exc))}", highlight=False, soft_wrap=True
+    )
+    return code
 
 
 def _print_json(console: Console, payload: dict[str, Any]) -> None:
@@ -732,14 +762,8 @@ def _inspect_human(console: Console, info: StoreInfo, store: Path) -> None:
         if name.dead_letters:
             dead = _intent_table("[red]dead letters[/]", name.dead_letters, now, dead=True)
             console.print(dead)
-    problems = info.problems()
     console.print()
-    if problems:
-        console.print(f"[red]{len(problems)} problem(s):[/]")
-        for problem in problems:
-            console.print(f"  - {escape(problem)}", highlight=False, soft_wrap=True)
-    else:
-        console.print("[green]ok:[/] every snapshot readable, no dead letters.")
+    _print_problems(console, info.problems(), "every snapshot readable, no dead letters.")
 
 
 def _inspect(args: argparse.Namespace, console: Console) -> int:
@@ -849,7 +873,8 @@ def _gc_human(console: Console, report: GcReport, store: Path) -> None:
             )
         console.print(table)
     if report.delete:
-        freed = sum(o.size for o in report.orphans if o.id in set(report.deleted))
+        deleted = set(report.deleted)
+        freed = sum(o.size for o in report.orphans if o.id in deleted)
         console.print(f"deleted {len(report.deleted)} orphans ({_size(freed)})")
         for skipped in report.skipped:
             console.print(f"  kept {skipped.id}: {escape(skipped.reason)}", soft_wrap=True)
@@ -859,13 +884,7 @@ def _gc_human(console: Console, report: GcReport, store: Path) -> None:
             console.print(f"removed {len(report.removed_temp_files)} stale temp files")
     elif report.orphans or report.temp_files or any(n.has_work for n in report.names):
         console.print("dry run: nothing was changed; run with --delete to collect.")
-    problems = report.problems()
-    if problems:
-        console.print(f"[red]{len(problems)} problem(s):[/]")
-        for problem in problems:
-            console.print(f"  - {escape(problem)}", highlight=False, soft_wrap=True)
-    else:
-        console.print("[green]ok:[/] nothing left to collect.")
+    _print_problems(console, report.problems(), "nothing left to collect.")
 
 
 def _gc(args: argparse.Namespace, console: Console) -> int:
@@ -879,7 +898,7 @@ def _gc(args: argparse.Namespace, console: Console) -> int:
         with _progress(not (args.json or args.no_progress), "gc") as progress:
             report = run_gc(
                 storage,
-                now_ms=_now_ms(),
+                now_ms=_now_ms() if args.now_ms is None else args.now_ms,
                 grace_ms=args.grace,
                 delete=args.delete,
                 retry_dead_letters=args.retry_dead_letters,
@@ -898,10 +917,16 @@ def _gc(args: argparse.Namespace, console: Console) -> int:
 
 
 def _gen_dump(args: argparse.Namespace, console: Console) -> int:
-    from delayindex.dump import ENTRY_ID_LIMIT, DumpWriter, detect_format, iter_generated
+    from delayindex.dump import (
+        ENTRY_ID_LIMIT,
+        DumpWriter,
+        detect_format,
+        iter_generated,
+        normalize_format,
+    )
 
     out: Path = args.out
-    fmt = "jsonl" if args.format == "json" else args.format
+    fmt = normalize_format(args.format)
     by_name = detect_format(out)
     if fmt is not None and by_name is not None and fmt != by_name:
         raise _UsageError(f"--format {args.format} does not match the extension of {out}")
@@ -1048,7 +1073,7 @@ def _add_rebuild_commands(sub: Any) -> None:
             help="the cursor's mark-delete position: positions at or below are acknowledged",
         )
         cmd.add_argument(
-            "--format", choices=("parquet", "jsonl", "json", "csv"), default=None,
+            "--format", choices=DUMP_FORMAT_CHOICES, default=None,
             help="dump format (default: from the file names)",
         )  # fmt: skip
         cmd.add_argument("--strict", action="store_true", help="fail if any dump row is rejected")
@@ -1105,25 +1130,16 @@ def _tracker_config(args: argparse.Namespace) -> Any:
 
 @contextmanager
 def _spark_session(args: argparse.Namespace, dump_bytes: int) -> Iterator[Any]:
-    """A Spark session for one command: the running one if there is one (left running), else a
-    new local one (stopped at the end)."""
-    from delayindex.spark import local_session, require_spark
+    """A Spark session for one command (``delayindex.spark.session_for``)."""
+    from delayindex.spark import session_for
 
-    require_spark()  # a clear error naming the spark extra, before pyspark is imported
-    from pyspark.sql import SparkSession
-
-    running = SparkSession.getActiveSession()
-    session = running or local_session(
+    with session_for(
         args.master,
         driver_memory=args.driver_memory,
         quick_start=dump_bytes < QUICK_START_BYTES,
         app_name=f"delayindex {args.command}",
-    )
-    try:
+    ) as session:
         yield session
-    finally:
-        if running is None:
-            session.stop()
 
 
 def _dump_bytes(path: Path) -> int:
@@ -1250,7 +1266,6 @@ def _rebuild_cmd(args: argparse.Namespace, console: Console) -> int:
     from delayindex.spark import rebuild
 
     config = _tracker_config(args)
-    fmt = "jsonl" if args.format == "json" else args.format
     show = not (args.json or args.no_progress)
     with (
         _spark_session(args, _dump_bytes(args.dump)) as spark,
@@ -1265,7 +1280,7 @@ def _rebuild_cmd(args: argparse.Namespace, console: Console) -> int:
             now_ms=args.now_ms,
             mark_delete=args.mark_delete,
             strict=args.strict,
-            fmt=fmt,
+            fmt=args.format,  # rebuild normalizes the json alias
             partitions=args.partitions,
             progress=progress,
         )
@@ -1280,15 +1295,13 @@ def _verify_cmd(args: argparse.Namespace, console: Console) -> int:
     from delayindex.spark import verify
 
     config = _tracker_config(args)
-    fmt = "jsonl" if args.format == "json" else args.format
-    if not ((args.store / "objects").is_dir() and (args.store / "manifests").is_dir()):
-        raise _UsageError(f"no delayindex store at {args.store}")
+    _check_store(args.store)
     show = not (args.json or args.no_progress)
     kwargs: dict[str, Any] = {
         "now_ms": args.now_ms,
         "mark_delete": args.mark_delete,
         "strict": args.strict,
-        "fmt": fmt,
+        "fmt": args.format,  # verify normalizes the json alias
         "orphan_grace_ms": args.grace,
     }
     if args.no_spark:
@@ -1319,29 +1332,20 @@ def _run_rebuild_command(args: argparse.Namespace, console: Console) -> int:
     from delayindex.dump import DumpError
     from delayindex.spark import SparkUnavailableError
 
-    errors = Console(stderr=True)
-
-    def fail(code: int, kind: str, exc: BaseException) -> int:
-        errors.print(
-            f"delayindex {args.command}: {kind}: {escape(str(exc))}",
-            highlight=False,
-            soft_wrap=True,
-        )
-        return code
-
     run = _rebuild_cmd if args.command == "rebuild" else _verify_cmd
     try:
         return run(args, console)
     except DumpError as exc:
         if exc.report is not None and not exc.report.ok:  # --strict found rejected rows
+            errors = Console(stderr=True)
             for line in _reject_lines(exc.report):
                 errors.print(line, highlight=False, soft_wrap=True)
-            return fail(EXIT_CHECK_FAILED, "rejected rows (--strict)", exc)
-        return fail(EXIT_USAGE, "bad dump", exc)
+            return _fail(args.command, EXIT_CHECK_FAILED, "rejected rows (--strict)", exc)
+        return _fail(args.command, EXIT_USAGE, "bad dump", exc)
     except (_UsageError, FileNotFoundError, SparkUnavailableError, ImportError) as exc:
-        return fail(EXIT_USAGE, "error", exc)
+        return _fail(args.command, EXIT_USAGE, "error", exc)
     except (DelayIndexError, OSError) as exc:
-        return fail(EXIT_STORE_ERROR, "store error", exc)
+        return _fail(args.command, EXIT_STORE_ERROR, "store error", exc)
 
 
 def find_benchmarks_dir(given: Path | None = None) -> Path:
@@ -1444,50 +1448,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "simulate":
         return _simulate(args, console)
     if args.command == "gen-dump":
-        errors = Console(stderr=True)
         try:
             return _gen_dump(args, console)
         except (_UsageError, ImportError) as exc:
-            errors.print(
-                f"delayindex gen-dump: error: {escape(str(exc))}", highlight=False, soft_wrap=True
-            )
-            return EXIT_USAGE
+            return _fail(args.command, EXIT_USAGE, "error", exc)
         except OSError as exc:
-            errors.print(
-                f"delayindex gen-dump: I/O error: {escape(str(exc))}",
-                highlight=False,
-                soft_wrap=True,
-            )
-            return EXIT_STORE_ERROR
+            return _fail(args.command, EXIT_STORE_ERROR, "I/O error", exc)
     if args.command in ("rebuild", "verify"):
         return _run_rebuild_command(args, console)
     if args.command == "bench":
         try:
             return _bench(args, console)
         except _UsageError as exc:
-            Console(stderr=True).print(
-                f"delayindex bench: error: {escape(str(exc))}", highlight=False, soft_wrap=True
-            )
-            return EXIT_USAGE
+            return _fail(args.command, EXIT_USAGE, "error", exc)
     if args.command in ("inspect", "gc"):
-        errors = Console(stderr=True)
         run = _inspect if args.command == "inspect" else _gc
         try:
             return run(args, console)
         except _UsageError as exc:
-            errors.print(
-                f"delayindex {args.command}: error: {escape(str(exc))}",
-                highlight=False,
-                soft_wrap=True,
-            )
-            return EXIT_USAGE
+            return _fail(args.command, EXIT_USAGE, "error", exc)
         except (DelayIndexError, OSError) as exc:
-            errors.print(
-                f"delayindex {args.command}: store error: {escape(str(exc))}",
-                highlight=False,
-                soft_wrap=True,
-            )
-            return EXIT_STORE_ERROR
+            return _fail(args.command, EXIT_STORE_ERROR, "store error", exc)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse rejects first
     return EXIT_USAGE  # pragma: no cover
 

@@ -25,7 +25,7 @@ ends with no snapshot object left (everything delivered, every bucket deleted, n
 
 from __future__ import annotations
 
-import importlib
+import contextlib
 import shutil
 import tempfile
 import time
@@ -104,21 +104,24 @@ class PipelineResult:
 
 
 class _Checker:
-    """Checks deliveries against the expected (deliver_at by position) table."""
+    """Checks deliveries against the expected (deliver_at by position) table; counts the
+    unexpected, early and twice-in-one-run deliveries over every run."""
 
     def __init__(self, ledgers: Any, entries: Any, deliver_at: Any) -> None:
-        self.expected = {
-            (int(lg), int(e)): int(t)
-            for lg, e, t in zip(
+        self.expected: dict[tuple[int, int], int] = {
+            (ledger, entry): due  # tolist(): plain ints
+            for ledger, entry, due in zip(
                 ledgers.tolist(), entries.tolist(), deliver_at.tolist(), strict=True
             )
         }
-        self.seen: set[tuple[int, int]] = set()
         self.early = self.unexpected = self.twice = 0
 
-    def run(self, index: DelayIndex, clock: ManualClock, until_ms: int | None) -> int:
-        """Dispatch until ``until_ms`` (None: until nothing is tracked); returns deliveries."""
-        run_seen: set[tuple[int, int]] = set()
+    def run(
+        self, index: DelayIndex, clock: ManualClock, until_ms: int | None
+    ) -> set[tuple[int, int]]:
+        """Dispatch until ``until_ms`` (None: until nothing is tracked); returns the expected
+        positions delivered in this run."""
+        seen: set[tuple[int, int]] = set()
         while True:
             for position in index.poll(POLL_BATCH):
                 key = (position.ledger_id, position.entry_id)
@@ -128,19 +131,15 @@ class _Checker:
                     continue
                 if due > clock():
                     self.early += 1
-                if key in run_seen:
+                if key in seen:
                     self.twice += 1
-                run_seen.add(key)
+                seen.add(key)
             if index.has_message_available():
                 continue
             following = index.next_delivery_time()
             if following is None or (until_ms is not None and following > until_ms):
-                if until_ms is not None:
-                    clock.set(max(clock(), until_ms))
-                break
+                return seen
             clock.set(max(clock() + (DISPATCH_STEP_MS if until_ms is not None else 0), following))
-        self.seen |= run_seen
-        return len(run_seen)
 
 
 def run_pipeline(
@@ -160,7 +159,8 @@ def run_pipeline(
         seed: the dump generator's seed.
         master: the Spark master (local mode by default).
         workdir: where the dump and the store go (default: a fresh temporary directory).
-        keep: keep the work directory afterwards (it is deleted otherwise).
+        keep: keep the temporary work directory afterwards (a given ``workdir`` is always
+            kept).
         progress: called with a short description as each stage starts.
         spark: a running SparkSession to use (left running); default: start a local session
             on ``master`` and stop it when done.
@@ -184,15 +184,6 @@ def run_pipeline(
         if not keep and workdir is None:
             shutil.rmtree(root, ignore_errors=True)
     return result
-
-
-def _active_session() -> Any | None:
-    """The running SparkSession of this process, or None (pyspark imported only if present)."""
-    try:
-        sql = importlib.import_module("pyspark.sql")
-    except ImportError:
-        return None
-    return sql.SparkSession.getActiveSession()
 
 
 def _run(
@@ -220,13 +211,10 @@ def _run(
     result.expected = len(checker.expected)
 
     store = root / "store"
-    owned = spark is None and _active_session() is None
     if spark is None:
         say(f"starting Spark ({master})")
-        session = spark_jobs.local_session(master)  # returns the running one, if any
-    else:
-        session = spark
-    try:
+    given = contextlib.nullcontext(spark) if spark is not None else None
+    with given or spark_jobs.session_for(master) as session:  # never stops a given session
         say("rebuilding the delayed index with Spark")
         report = spark_jobs.rebuild(session, dump_path, store, NAME, config, now_ms=now)
         result.rebuild_seconds = report.seconds
@@ -242,7 +230,8 @@ def _run(
         index = DelayIndex.open(FileStorage(store), NAME, config, clock=clock)
         result.open_seconds = time.perf_counter() - started
         result.recovered = len(index)
-        result.short_dispatch_delivered = checker.run(index, clock, now + SHORT_DISPATCH_MS)
+        first_run = checker.run(index, clock, now + SHORT_DISPATCH_MS)
+        result.short_dispatch_delivered = len(first_run)
         index.close()  # nothing acknowledged: the store still holds the whole index
 
         say("verifying the store against the dump")
@@ -250,23 +239,18 @@ def _run(
         result.verify_ok = check.ok
         result.verify_findings = check.counts()
         result.verify_seconds = check.seconds
-    finally:
-        if owned:  # never stop a session someone else started
-            session.stop()
 
     say("reopening and draining everything")
     started = time.perf_counter()
-    first_run = set(checker.seen)
     clock = ManualClock(now + SHORT_DISPATCH_MS)
     with DelayIndex.open(FileStorage(store), NAME, config, clock=clock) as index:
-        checker.seen = set()
-        checker.run(index, clock, None)
+        drained = checker.run(index, clock, None)
         index.flush()
     result.drain_seconds = time.perf_counter() - started
-    result.redelivered = len(first_run & checker.seen)
-    delivered = first_run | checker.seen
+    result.redelivered = len(first_run & drained)
+    delivered = first_run | drained  # expected positions only: the checker counts the rest
     result.delivered = len(delivered)
-    result.lost = result.expected - len(delivered & checker.expected.keys())
+    result.lost = result.expected - len(delivered)
     result.delivered_twice = checker.twice
     result.early = checker.early
     result.unexpected = checker.unexpected

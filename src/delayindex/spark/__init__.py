@@ -27,6 +27,7 @@ from delayindex.spark.session import (
     java_major_version,
     local_session,
     require_spark,
+    session_for,
 )
 
 rebuild = rebuild_dump
@@ -42,6 +43,7 @@ __all__ = [
     "rebuild",
     "rebuild_dump",
     "require_spark",
+    "session_for",
     "verify",
     "verify_dump",
 ]

@@ -21,6 +21,7 @@ session of a process decides them (``getOrCreate`` returns an existing session a
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import os
 import re
@@ -28,8 +29,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from delayindex.errors import DelayIndexError
 
@@ -210,3 +212,20 @@ def local_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(log_level)
     return session
+
+
+@contextlib.contextmanager
+def session_for(master: str = "local[*]", **options: Any) -> Iterator[SparkSession]:
+    """The running SparkSession if there is one (left running), else a new
+    :func:`local_session` on ``master`` with ``options``, stopped on exit: one place decides
+    who owns a session, so a command never stops one that someone else started."""
+    require_spark()  # a clear error naming the spark extra, before pyspark is imported
+    from pyspark.sql import SparkSession
+
+    running = SparkSession.getActiveSession()
+    session = running or local_session(master, **options)
+    try:
+        yield session
+    finally:
+        if running is None:
+            session.stop()
