@@ -70,7 +70,42 @@ __all__ = [
 ]
 
 
-class HeapqSetTracker:
+class _SetTracker:
+    """What the in-process baselines share: the clock, the ``set`` of tracked positions that is
+    their dedup index, and the methods that only read it. Subclasses keep the ordered
+    ``(deliver_at, ledger, entry)`` structure and write their own ``add`` and ``poll``, each
+    inline in one method (no per-call hook): a baseline slowed by indirection would flatter
+    delayindex."""
+
+    __slots__ = ("_clock", "_lock", "_positions", "_tick_ms")
+
+    def __init__(self, clock: Clock, tick_ms: int = 1000) -> None:
+        self._clock = clock
+        self._tick_ms = tick_ms
+        self._positions: set[tuple[int, int]] = set()
+        self._lock = threading.Lock()
+
+    def contains(self, ledger_id: int, entry_id: int) -> bool:
+        """Whether the position is tracked and not yet delivered."""
+        with self._lock:
+            return (ledger_id, entry_id) in self._positions
+
+    def tracked_entries(self, ledger_id: int, first_entry: int, last_entry: int) -> list[int]:
+        """Tracked entry ids of ``ledger_id`` in ``[first_entry, last_entry]``, in order."""
+        with self._lock:
+            positions = self._positions
+            return [
+                entry
+                for entry in range(first_entry, last_entry + 1)
+                if (ledger_id, entry) in positions
+            ]
+
+    def __len__(self) -> int:
+        """Number of tracked, undelivered positions."""
+        return len(self._positions)
+
+
+class HeapqSetTracker(_SetTracker):
     """``heapq`` of ``(deliver_at, ledger, entry)`` tuples + ``set`` of positions, one lock.
 
     Args:
@@ -79,14 +114,11 @@ class HeapqSetTracker:
         tick_ms: non-strict cutoff slack, as in ``TrackerConfig.tick_ms``.
     """
 
-    __slots__ = ("_clock", "_heap", "_lock", "_positions", "_tick_ms")
+    __slots__ = ("_heap",)
 
     def __init__(self, clock: Clock, tick_ms: int = 1000) -> None:
-        self._clock = clock
-        self._tick_ms = tick_ms
+        super().__init__(clock, tick_ms)
         self._heap: list[tuple[int, int, int]] = []
-        self._positions: set[tuple[int, int]] = set()
-        self._lock = threading.Lock()
 
     def add(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
         """Track the position until ``deliver_at``; False means "deliver it now"."""
@@ -100,11 +132,6 @@ class HeapqSetTracker:
             self._positions.add(position)
             heappush(self._heap, (deliver_at, ledger_id, entry_id))
             return True
-
-    def contains(self, ledger_id: int, entry_id: int) -> bool:
-        """Whether the position is tracked and not yet delivered."""
-        with self._lock:
-            return (ledger_id, entry_id) in self._positions
 
     def poll(self, max_messages: int) -> list[Position]:
         """Remove and return up to ``max_messages`` due positions, sorted by position."""
@@ -122,37 +149,18 @@ class HeapqSetTracker:
             out.sort()
             return out
 
-    def tracked_entries(self, ledger_id: int, first_entry: int, last_entry: int) -> list[int]:
-        """Tracked entry ids of ``ledger_id`` in ``[first_entry, last_entry]``, in order."""
-        with self._lock:
-            positions = self._positions
-            return [
-                entry
-                for entry in range(first_entry, last_entry + 1)
-                if (ledger_id, entry) in positions
-            ]
 
-    def __len__(self) -> int:
-        """Number of tracked, undelivered positions."""
-        return len(self._positions)
-
-
-class SortedListSetTracker:
+class SortedListSetTracker(_SetTracker):
     """``SortedList`` of ``(deliver_at, ledger, entry)`` tuples + ``set`` of positions, one lock.
 
-    Same API and semantics as :class:`HeapqSetTracker`. Deliberately a near-copy rather than a
-    shared base: routing the baselines through extra indirection would slow them and flatter
-    delayindex.
+    Same API, arguments and semantics as :class:`HeapqSetTracker`.
     """
 
-    __slots__ = ("_clock", "_items", "_lock", "_positions", "_tick_ms")
+    __slots__ = ("_items",)
 
     def __init__(self, clock: Clock, tick_ms: int = 1000) -> None:
-        self._clock = clock
-        self._tick_ms = tick_ms
+        super().__init__(clock, tick_ms)
         self._items: SortedList = SortedList()
-        self._positions: set[tuple[int, int]] = set()
-        self._lock = threading.Lock()
 
     def add(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
         """Track the position until ``deliver_at``; False means "deliver it now"."""
@@ -166,11 +174,6 @@ class SortedListSetTracker:
             self._positions.add(position)
             self._items.add((deliver_at, ledger_id, entry_id))
             return True
-
-    def contains(self, ledger_id: int, entry_id: int) -> bool:
-        """Whether the position is tracked and not yet delivered."""
-        with self._lock:
-            return (ledger_id, entry_id) in self._positions
 
     def poll(self, max_messages: int) -> list[Position]:
         """Remove and return up to ``max_messages`` due positions, sorted by position."""
@@ -187,20 +190,6 @@ class SortedListSetTracker:
                     out.append(position)
             out.sort()
             return out
-
-    def tracked_entries(self, ledger_id: int, first_entry: int, last_entry: int) -> list[int]:
-        """Tracked entry ids of ``ledger_id`` in ``[first_entry, last_entry]``, in order."""
-        with self._lock:
-            positions = self._positions
-            return [
-                entry
-                for entry in range(first_entry, last_entry + 1)
-                if (ledger_id, entry) in positions
-            ]
-
-    def __len__(self) -> int:
-        """Number of tracked, undelivered positions."""
-        return len(self._positions)
 
 
 def delayed_subset(n: int) -> tuple[Int64Array, Int64Array, Int64Array]:

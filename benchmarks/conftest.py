@@ -119,12 +119,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if tier(config).full:
         return
 
-    def dropped_here(item: pytest.Item) -> bool:
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
         full_only = item.get_closest_marker("full_tier") is not None
-        return full_only and not item.session.isinitpath(item.path)
-
-    kept = [item for item in items if not dropped_here(item)]
-    dropped = [item for item in items if dropped_here(item)]
+        (dropped if full_only and not item.session.isinitpath(item.path) else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         config.stash[_DESELECTED] = len(dropped)

@@ -85,10 +85,17 @@ def load_records(path: Path) -> list[dict[str, Any]]:
     Raises:
         GateInputError: the file is missing, not JSON, or has no ``benchmarks`` list.
     """
+    return _records_of(_read(path), path)
+
+
+def _read(path: Path) -> Any:
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise GateInputError(f"cannot read {path}: {exc}") from None
+
+
+def _records_of(data: Any, path: Path) -> list[dict[str, Any]]:
     records = data.get("benchmarks") if isinstance(data, dict) else None
     if not isinstance(records, list):
         raise GateInputError(f"{path}: no 'benchmarks' list (not pytest-benchmark JSON)")
@@ -210,8 +217,8 @@ def report(verdict: Verdict, tolerance: float) -> list[str]:
 
 def reduce_run(path: Path) -> dict[str, Any]:
     """The parts of a pytest-benchmark JSON file a baseline keeps."""
-    records = load_records(path)
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    data = _read(path)
+    records = _records_of(data, path)
     machine = data.get("machine_info") or {}
     cpu = machine.get("cpu") or {}
     return {

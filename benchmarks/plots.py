@@ -42,7 +42,8 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -308,6 +309,20 @@ def _save(fig: Any, path: Path) -> None:
             os.unlink(tmp)
 
 
+@contextmanager
+def _figure(path: Path, figsize: tuple[float, float]) -> Iterator[Any]:
+    """The axes of a new figure; when the block ends without an error the figure is laid out
+    and saved to ``path`` (see :func:`_save`). The figure is closed either way."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=figsize)
+    try:
+        yield ax
+        fig.tight_layout()
+        _save(fig, path)
+    finally:
+        plt.close(fig)
+
+
 def _readable_log_axis(axis: Any, text: Callable[[float], str]) -> None:
     """Ticks at 1, 2 and 5 times each power of ten, labelled with ``text``."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
@@ -319,9 +334,7 @@ def _readable_log_axis(axis: Any, text: Callable[[float], str]) -> None:
 
 def plot_memory(series: dict[str, list[tuple[int, float]]], path: Path) -> None:
     """Log-log lines of bytes per message against N."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    try:
+    with _figure(path, (7.5, 4.8)) as ax:
         for label, points in sorted(series.items(), key=lambda item: -item[1][-1][1]):
             xs = [n for n, _ in points]
             ys = [b for _, b in points]
@@ -339,17 +352,11 @@ def plot_memory(series: dict[str, list[tuple[int, float]]], path: Path) -> None:
         ax.set_title("Memory per tracked message")
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        _save(fig, path)
-    finally:
-        plt.close(fig)
 
 
 def plot_throughput(table: Throughput, path: Path) -> None:
     """Grouped bars: operations on x, one bar per structure, msg/s on a log axis."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(7.5, 1.6 * len(table.operations) + 2), 4.8))
-    try:
+    with _figure(path, (max(7.5, 1.6 * len(table.operations) + 2), 4.8)) as ax:
         width = 0.8 / len(table.kinds)
         for i, kind in enumerate(table.kinds):
             xs, ys = [], []
@@ -366,19 +373,13 @@ def plot_throughput(table: Throughput, path: Path) -> None:
         ax.set_title(f"Tracker throughput at N = {size_text(table.size)}")
         ax.grid(True, axis="y", which="major", alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        _save(fig, path)
-    finally:
-        plt.close(fig)
 
 
 def plot_spark(spark: SparkBars, path: Path) -> None:
     """Horizontal bars of msg/s for the rebuild and the online ingestion of one dump."""
-    plt = _pyplot()
     from matplotlib.ticker import FuncFormatter
 
-    fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.6 * len(spark.bars)))
-    try:
+    with _figure(path, (7.5, 1.2 + 0.6 * len(spark.bars))) as ax:
         labels = [label for label, _ in spark.bars]
         rates = [rate for _, rate in spark.bars]
         bars = ax.barh(range(len(rates)), rates, color="tab:blue")
@@ -392,10 +393,6 @@ def plot_spark(spark: SparkBars, path: Path) -> None:
         if spark.notes:
             title += "\n" + "; ".join(spark.notes)
         ax.set_title(title, fontsize=10)
-        fig.tight_layout()
-        _save(fig, path)
-    finally:
-        plt.close(fig)
 
 
 def write_plots(
