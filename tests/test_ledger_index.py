@@ -91,6 +91,11 @@ class LedgerIndexMachine(RuleBasedStateMachine):
         assert self._both("bitmap", ledger) == BitMap(e for lg, e in self.model if lg == ledger)
         assert self._both("ledger_count", ledger) == sum(1 for p in self.model if p[0] == ledger)
 
+    @rule(ledger=ledgers, first=entries, last=entries)
+    def ranged_bitmap(self, ledger: int, first: int, last: int) -> None:
+        want = BitMap(e for lg, e in self.model if lg == ledger and first <= e <= last)
+        assert self._both("bitmap", ledger, first, last) == want
+
     @invariant()
     def agree(self) -> None:
         for twin in self.twins:
@@ -130,4 +135,21 @@ def test_sparse_ledger_falls_back_and_stays_correct() -> None:
     assert index.bitmap(3) == BitMap(values)
     assert index.memory_bytes() < 4_096  # no 512 MiB bitset
     assert index.discard(3, 77) and not index.contains(3, 77)
+    index._check()
+
+
+@pytest.mark.parametrize("which", ["native", "pure"])
+def test_ranged_bitmap_covers_word_and_bitset_edges(which: str) -> None:
+    """A read window scans only its words; windows crossing 64-bit words and the bitset's ends
+    still see exactly their entries."""
+    index = native_module.LedgerIndex() if which == "native" else _impl.PureLedgerIndex()
+    values = list(range(1_000, 3_000, 3))
+    for value in values:
+        index.add(7, value)
+    windows = [(0, 999), (0, 1_000), (1_063, 1_064), (1_000, 1_099), (2_990, 10**6)]
+    windows += [(2_999, 2_999), (0, 2**32 - 1), (1_500, 1_499), (3_000, 2**32 - 1)]
+    for first, last in windows:
+        want = BitMap(v for v in values if first <= v <= last)
+        assert index.bitmap(7, first, last) == want, (first, last)
+    assert index.bitmap(8, 0, 2**32 - 1) == BitMap()
     index._check()

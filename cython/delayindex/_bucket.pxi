@@ -237,11 +237,12 @@ cdef class BucketCore:
             added += self.index.restore(ledger, entries[bounds[i]:bounds[i + 1]])
         return added
 
-    def index_bitmap(self, int64_t ledger):
-        """A copy of ``ledger``'s tracked entries as a BitMap, or None when it has none."""
+    def index_bitmap(self, int64_t ledger, int64_t first=0, int64_t last=0xFFFFFFFF):
+        """A new BitMap of ``ledger``'s tracked entries in ``[first, last]``, or None when the
+        ledger has none at all."""
         if self.index.ledger_count(ledger) == 0:
             return None
-        return self.index.bitmap(ledger)
+        return self.index.bitmap(ledger, first, last)
 
     def tracked_mask(self, ledgers, entries):
         """For each position, whether it is tracked."""

@@ -332,14 +332,42 @@ cdef class LedgerIndex:
         out.sort()
         return out
 
-    def bitmap(self, int64_t ledger):
-        """The entries of ``ledger`` as a new pyroaring BitMap (empty if none)."""
+    def bitmap(self, int64_t ledger, int64_t first=0, int64_t last=0xFFFFFFFF):
+        """The entries of ``ledger`` in ``[first, last]`` as a new pyroaring BitMap (empty if
+        none)."""
         cdef LSet* s = self.find(ledger)
-        if s == NULL or s.count == 0:
+        if s == NULL or s.count == 0 or last < first:
             return BitMap()
         if s.sparse != NULL:
-            return (<object> s.sparse).copy()
-        return BitMap(_array.array("I", self.dense_entries(s, 0, 0xFFFFFFFF)))
+            out = (<object> s.sparse).copy()
+            if first > 0:
+                out.remove_range(0, first)
+            if last < 0xFFFFFFFF:
+                out.remove_range(last + 1, 0x100000000)
+            return out
+        return BitMap(self.dense_range(s, first, last))
+
+    cdef object dense_range(self, LSet* s, int64_t low, int64_t high):
+        """The entries of a dense ledger in ``[low, high]`` as a uint32 array.array; only the
+        words overlapping the range are scanned (a read window must not cost the whole ledger)."""
+        cdef int64_t w_lo = (low - s.base) >> 6 if low > s.base else 0
+        cdef int64_t w_hi = (high - s.base) >> 6 if high < s.base + 64 * s.nwords else s.nwords - 1
+        cdef int64_t cap = high - low + 1 if high - low + 1 < s.count else s.count
+        cdef int64_t w, n = 0, value
+        cdef uint64_t word
+        out = _array.array("I", bytes(4 * cap))
+        cdef uint32_t[::1] view = out
+        for w in range(w_lo, w_hi + 1):
+            word = s.words[w]
+            while word:
+                value = s.base + (w << 6) + di_ctzll(word)
+                word &= word - 1
+                if low <= value <= high:
+                    view[n] = <uint32_t> value
+                    n += 1
+        del view
+        del out[n:]
+        return out
 
     def restore(self, int64_t ledger, entries) -> int:
         """Add every entry of ``entries`` (a BitMap or integer array) to ``ledger``; return

@@ -209,11 +209,12 @@ class BucketCore(TickedCore):
             for i, ledger in enumerate(np.asarray(ledgers).tolist())
         )
 
-    def index_bitmap(self, ledger: int) -> BitMap | None:
-        """A copy of ``ledger``'s tracked entries as a BitMap, or None when it has none."""
+    def index_bitmap(self, ledger: int, first: int = 0, last: int = MAX_ENTRY_ID) -> BitMap | None:
+        """A new BitMap of ``ledger``'s tracked entries in ``[first, last]``, or None when the
+        ledger has none at all."""
         if self._index.ledger_count(ledger) == 0:
             return None
-        return self._index.bitmap(ledger)
+        return self._index.bitmap(ledger, first, last)
 
     def tracked_mask(self, ledgers: Int64Array, entries: Int64Array) -> npt.NDArray[np.bool_]:
         """For each position, whether it is tracked."""

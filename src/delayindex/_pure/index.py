@@ -73,10 +73,18 @@ class LedgerIndex:
         """Ledgers holding at least one position, ascending."""
         return sorted(k for k, bm in self._sets.items() if bm)
 
-    def bitmap(self, ledger: int) -> BitMap:
-        """The entries of ``ledger`` as a new pyroaring BitMap (empty if none)."""
+    def bitmap(self, ledger: int, first: int = 0, last: int = MAX_ENTRY_ID) -> BitMap:
+        """The entries of ``ledger`` in ``[first, last]`` as a new pyroaring BitMap (empty if
+        none)."""
         bm = self._sets.get(ledger)
-        return BitMap() if bm is None else bm.copy()
+        if bm is None or last < first:
+            return BitMap()
+        out = bm.copy()
+        if first > 0:
+            out.remove_range(0, first)
+        if last < MAX_ENTRY_ID:
+            out.remove_range(last + 1, MAX_ENTRY_ID + 1)
+        return out
 
     def restore(self, ledger: int, entries: object) -> int:
         """Add every entry of ``entries`` (a BitMap or integer array); return how many were new."""

@@ -74,7 +74,7 @@ from delayindex.errors import (
     StorageError,
     TrackerClosedError,
 )
-from delayindex.model import MAX_ENTRY_ID, MAX_TIME, Position
+from delayindex.model import MAX_TIME, Position
 from delayindex.snapshot.format import PreparedSegments, SnapshotMetadata, build_snapshot
 from delayindex.storage.base import SnapshotStorage
 from delayindex.storage.catalog import Catalog
@@ -1213,15 +1213,8 @@ class DelayIndex(TrackerFront):
         with self._lock:
             if self._closed:
                 return out
-            bm = self._core.index_bitmap(ledger_id)
-            if bm is None:
-                return out
-            out = BitMap(bm)
-        if first_entry > 0:
-            out.remove_range(0, first_entry)
-        if last_entry < MAX_ENTRY_ID:
-            out.remove_range(last_entry + 1, MAX_ENTRY_ID + 1)
-        return out
+            bm = self._core.index_bitmap(ledger_id, first_entry, last_entry)
+        return out if bm is None else bm
 
     # -- durability ----------------------------------------------------------------------------
 

@@ -269,7 +269,7 @@ class _ClosedCore:
     def memory_bytes(self) -> int:
         return 0
 
-    def index_bitmap(self, ledger: int) -> None:
+    def index_bitmap(self, ledger: int, first: int = 0, last: int = 0) -> None:
         return None
 
     def counters(self) -> dict[str, Any]:
