@@ -32,6 +32,10 @@ Run (benchmarks are disabled by the project's default ``addopts``, hence ``--ben
 * After pytest-benchmark's own tables, a summary prints for each group every row's ratio to the
   group's ``heapq`` row (``kind == "heapq"``): ``heapq min time / min time``, so ``7.4x`` means
   7.4 times faster than heapq. Memory groups print resident bytes per tracked message.
+* A last line gives the whole run's peak resident memory, this process and every process it
+  started (``memwatch``: the process tree sampled every 0.5 s, with ``getrusage`` lower
+  bounds), against the machine's 24 GiB; ``--benchmark-json`` files carry it as
+  ``peak_memory``.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from delayindex.workload import DAY_MS
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from baselines import HeapqSetTracker, RedisZsetTracker, SortedListSetTracker, delayed_subset
+from memwatch import PeakMemory, PeakMemoryWatch
 from support import (
     DEFAULT_TIER,
     KIND_LABELS,
@@ -76,6 +81,10 @@ Int64Array = npt.NDArray[np.int64]
 
 _BENCH_GROUPS = pytest.StashKey[list[dict[str, Any]]]()
 _DESELECTED = pytest.StashKey[int]()
+_WATCH = pytest.StashKey[PeakMemoryWatch]()
+_PEAK = pytest.StashKey["PeakMemory | None"]()
+#: The machine's memory, which the whole run (the full tier at 1e7 included) must stay within.
+MACHINE_MEMORY_BYTES = 24 * 2**30
 
 
 # -- options, collection, parametrization -------------------------------------------------------
@@ -103,6 +112,24 @@ def pytest_configure(config: pytest.Config) -> None:
         parse_slowdown(os.environ.get(SLOWDOWN_ENV, ""))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    config.stash[_WATCH] = PeakMemoryWatch().start()
+
+
+def _peak_memory(config: pytest.Config) -> PeakMemory | None:
+    """Stop the run's memory watch (once) and return what it saw."""
+    if _PEAK not in config.stash:
+        watch = config.stash.get(_WATCH, None)
+        config.stash[_PEAK] = None if watch is None else watch.stop()
+    return config.stash[_PEAK]
+
+
+def pytest_benchmark_update_json(
+    config: pytest.Config, benchmarks: list[Any], output_json: dict[str, Any]
+) -> None:
+    """Store the run's peak memory (``memwatch``) in the ``--benchmark-json`` file."""
+    peak = _peak_memory(config)
+    if peak is not None:
+        output_json["peak_memory"] = peak.as_json()
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
@@ -578,6 +605,19 @@ def _memory_line(ref: dict[str, Any] | None, members: list[dict[str, Any]]) -> s
     return ", ".join(parts)
 
 
+def peak_memory_line(peak: PeakMemory) -> str:
+    """One summary line: the run's peak resident memory against the machine's."""
+    gib = 2**30
+    verdict = "within" if peak.peak_bytes <= MACHINE_MEMORY_BYTES else "OVER"
+    return (
+        f"peak memory of the whole run (this process and its children): "
+        f"{peak.peak_bytes / gib:.2f} GiB, {verdict} {MACHINE_MEMORY_BYTES / gib:.0f} GiB "
+        f"(process tree sampled every {peak.interval_s:g} s, {peak.samples} samples: "
+        f"{peak.tree_peak_bytes / gib:.2f} GiB; largest single process "
+        f"{max(peak.self_maxrss_bytes, peak.largest_child_maxrss_bytes) / gib:.2f} GiB)"
+    )
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, config: pytest.Config
@@ -593,6 +633,9 @@ def pytest_terminal_summary(
     )
     for line in summary_lines(benchmarks):
         terminalreporter.write_line(line)
+    peak = _peak_memory(config)
+    if peak is not None:
+        terminalreporter.write_line(peak_memory_line(peak))
     deselected = config.stash.get(_DESELECTED, 0)
     if deselected:
         terminalreporter.write_line(
