@@ -186,3 +186,27 @@ def test_writer_status_is_persisted_for_inspect(seals: int) -> None:
     assert status is not None and status.as_of_ms == T0
     assert status.unpersisted >= 10  # at least the mutable bucket, at the time of the commit
     index.close()
+
+
+def test_close_records_what_the_writer_left_unpersisted() -> None:
+    """The last commit's status said what was in flight then; close records the final figure
+    (the mutable bucket, lost with the process) and its time, once."""
+    storage, clock = MemoryStorage(), ManualClock(T0)
+    config = TrackerConfig(min_index_count_per_bucket=10, max_num_buckets=0)
+    index = DelayIndex.open(storage, "gc", config, clock=clock, executor=InlineExecutor())
+    for ledger in range(3):
+        for entry in range(10 if ledger < 2 else 4):
+            index.add(ledger, entry, T0 + 60_000 + entry)
+    index.flush()
+    clock.set(T0 + 5_000)
+    commits = storage.stats()["commit_manifest"]["calls"]
+    index.close()
+    status = storage.read_manifest("gc").writer_status
+    assert status is not None
+    assert (status.unpersisted, status.memory_mode_buckets, status.as_of_ms) == (4, 0, T0 + 5_000)
+    assert storage.stats()["commit_manifest"]["calls"] == commits + 1
+    # A reopen that changes nothing and closes at once records an empty writer, no more.
+    with DelayIndex.open(storage, "gc", config, clock=clock, executor=InlineExecutor()):
+        pass
+    status = storage.read_manifest("gc").writer_status
+    assert status is not None and status.unpersisted == 0

@@ -730,22 +730,33 @@ class Catalog:
         with self._mutex:
             self._writer_status = status
 
-    def persist_mark_delete(self) -> None:
+    def persist_mark_delete(self, *, final_status: WriterStatus | None = None) -> None:
         """Commit the manifest if only the mark-delete position changed since the last commit.
+
+        With ``final_status`` (a writer closing), also commit when the stored writer status
+        differs from it, so ``delayindex inspect`` shows what the writer left unpersisted when
+        it stopped rather than its last batch's figures.
 
         Raises:
             StorageError, ManifestConflictError: the commit failed (the mark stays pending).
         """
         with self._mutex:
             self._check_open()
-            if not self._mark_dirty:
+            if final_status is not None:
+                self._writer_status = final_status
+            status_changed = (
+                final_status is not None and self._manifest.writer_status != final_status
+            )
+            if not self._mark_dirty and not status_changed:
                 return
             # Base the commit on what is stored: a commit whose outcome was unknown may have
             # landed, and this catalog (holding the name's lock) is the only writer.
             stored = self._storage.read_manifest(self.name)
             self._manifest = stored
             self._stale = False
-            if stored.mark_delete == self._noted_mark:
+            if stored.mark_delete == self._noted_mark and (
+                final_status is None or stored.writer_status == final_status
+            ):
                 self._mark_dirty = False
                 return
             self._commit(replace(stored, mark_delete=self._noted_mark))

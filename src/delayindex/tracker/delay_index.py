@@ -1408,8 +1408,16 @@ class DelayIndex(TrackerFront):
             if self._arming is not None:
                 self._arming.cancel()
         self._shutdown_executor()
+        with self._lock:
+            # The mutable bucket (and any bucket whose write failed) is lost with this process:
+            # record how much, so inspect tells how much the dispatcher must replay.
+            final_status = WriterStatus(
+                self._unpersisted(),
+                sum(b.state == "memory" for b in self._buckets.values()),
+                max(self._now(), 0),
+            )
         try:
-            self._catalog.persist_mark_delete()
+            self._catalog.persist_mark_delete(final_status=final_status)
         except (StorageError, ManifestConflictError) as exc:
             _log.warning("%s: the mark-delete position was not persisted: %s", self._name, exc)
         with self._lock:
