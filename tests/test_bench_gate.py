@@ -229,3 +229,30 @@ def test_slowed_is_the_function_itself_without_injection(
     wrapped = support.slowed("heapq", len)
     assert wrapped is not len and wrapped([1, 2]) == 2
     assert support.slowed("delay_index", len) is len
+
+
+def test_several_runs_gate_each_record_on_its_best_ratio(tmp_path: Path) -> None:
+    """Noise in one run (a different row each time) passes; a slowdown in every run fails."""
+    base = _write(tmp_path / "base.json", _run())
+    noisy_a = _write(tmp_path / "a.json", _run(**{"add[delay_index]": 1.8}))
+    noisy_b = _write(tmp_path / "b.json", _run(**{"poll[delay_index]": 1.8, "mem[heapq]": 1.0}))
+    assert gate.main([str(noisy_a), "--baseline", str(base)]) == 1  # one run alone: noise fails
+    assert gate.main([str(noisy_a), str(noisy_b), "--baseline", str(base)]) == 0
+    slow_a = _write(tmp_path / "sa.json", _run(**{"add[delay_index]": 1.5}))
+    slow_b = _write(tmp_path / "sb.json", _run(**{"add[delay_index]": 1.6, "poll[heapq]": 1.9}))
+    assert gate.main([str(slow_a), str(slow_b), "--baseline", str(base)]) == 1
+
+
+def test_baseline_from_several_runs_stores_median_ratios(tmp_path: Path) -> None:
+    runs = [
+        _write(tmp_path / f"r{i}.json", _run(scale=scale, **{"add[delay_index]": factor}))
+        for i, (scale, factor) in enumerate([(1.0, 1.0), (2.0, 1.4), (0.5, 3.0)])
+    ]
+    out = tmp_path / "base.json"
+    assert gate.main([*map(str, runs), "--write-baseline", str(out)]) == 0
+    stored = gate.ratios(gate.load_records(out))
+    want = 0.050 * 1.4 / 0.080  # the median of the three runs' ratios
+    assert stored[("tracker-add-1e5", "add[delay_index]")].ratio == pytest.approx(want)
+    assert stored[("tracker-poll-1e5", "poll[delay_index]")].ratio == pytest.approx(0.025 / 0.2)
+    assert stored[("memory-1e5", "mem[delay_index]")].ratio == pytest.approx(22.0 / 230.0)
+    assert "median ratios of 3 runs" in json.loads(out.read_text(encoding="utf-8"))["note"]
