@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -178,16 +179,10 @@ def median_baseline(paths: Sequence[Path]) -> dict[str, Any]:
     for record in reduced["benchmarks"]:
         key = (str(record.get("group") or record["name"]), str(record["name"]))
         held = first.get(key)
-        values = sorted(r[key].ratio for r in per_run if key in r and r[key].ratio is not None)
-        if (
-            held is None
-            or held.ratio is None
-            or not values
-            or record["extra_info"].get("kind") == REFERENCE_KIND
-        ):
-            continue
-        middle = len(values) // 2
-        median = values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+        values = [r[key].ratio for r in per_run if key in r and r[key].ratio is not None]
+        if held is None or held.ratio is None or not values:
+            continue  # heapq rows need no care: their ratio is 1 in every run
+        median = statistics.median(values)
         scale = median / held.ratio
         if held.metric == "bytes/msg":
             record["extra_info"]["rss_bytes_per_msg"] *= scale

@@ -159,7 +159,7 @@ cdef class LedgerIndex:
 
     cdef int make_sparse(self, LSet* s) except -1:
         """Move a ledger's entries from its bitset into a pyroaring BitMap, for good."""
-        values = _array.array("I", self.dense_entries(s, 0, 0xFFFFFFFF))
+        values = self.dense_range(s, 0, 0xFFFFFFFF)
         bm = BitMap(values)
         Py_INCREF(bm)
         s.sparse = <PyObject*> bm
@@ -168,20 +168,6 @@ cdef class LedgerIndex:
         s.nwords = 0
         s.base = 0
         return 0
-
-    cdef list dense_entries(self, LSet* s, int64_t low, int64_t high):
-        cdef list out = []
-        cdef Py_ssize_t w
-        cdef uint64_t word
-        cdef int64_t value
-        for w in range(s.nwords):
-            word = s.words[w]
-            while word:
-                value = s.base + (w << 6) + di_ctzll(word)
-                word &= word - 1
-                if low <= value <= high:
-                    out.append(value)
-        return out
 
     cdef int grow(self, LSet* s, int64_t entry) except -1:
         """Widen the bitset to cover ``entry`` (upward growth keeps 50% slack)."""

@@ -717,17 +717,21 @@ class DelayIndex(TrackerFront):
             built.append((metadata, segments))
         return kept, built
 
+    def _writer_status(self) -> WriterStatus:
+        """What this writer holds only in memory now, for the manifest (lock held)."""
+        return WriterStatus(
+            self._unpersisted(),
+            sum(b.state == "memory" for b in self._buckets.values()),
+            max(self._now(), 0),
+        )
+
     def _persist_job(self) -> None:
         """Group commit: write a batch of snapshot creates and deletes with two manifest writes,
         then acknowledge each change (in order) now that it is durable."""
         with self._lock:
             self._await_batch()
             creates, deletes = self._take_batch()
-            status = WriterStatus(
-                self._unpersisted(),
-                sum(b.state == "memory" for b in self._buckets.values()),
-                max(self._now(), 0),
-            )
+            status = self._writer_status()
         self._catalog.note_writer_status(status)
         started = time.perf_counter()
         creates, built = self._build_batch(creates)
@@ -1411,11 +1415,7 @@ class DelayIndex(TrackerFront):
         with self._lock:
             # The mutable bucket (and any bucket whose write failed) is lost with this process:
             # record how much, so inspect tells how much the dispatcher must replay.
-            final_status = WriterStatus(
-                self._unpersisted(),
-                sum(b.state == "memory" for b in self._buckets.values()),
-                max(self._now(), 0),
-            )
+            final_status = self._writer_status()
         try:
             self._catalog.persist_mark_delete(final_status=final_status)
         except (StorageError, ManifestConflictError) as exc:
