@@ -321,10 +321,11 @@ def test_19577_create_succeeds_on_the_fourth_attempt(
     index.close()
 
 
-def test_19577_segment_load_failure_rolls_back_and_next_poll_retries(
+def test_19577_segment_load_failure_backs_off_and_retries_later(
     storage: MemoryStorage, clock: ManualClock
 ) -> None:
-    """Pulsar testWithBkException: a failed load rolls back; we lose nothing, next poll retries."""
+    """Pulsar testWithBkException: a failed load rolls back; we lose nothing, and the bucket's
+    read is retried after its backoff (not on every poll) while the others keep delivering."""
     index = open_index(storage, clock)
     schedule = seal_ledgers(index, [1], T0 + 1000)  # segments (1,0)(1,1) | (1,2)(1,3) | (1,4)
     index.flush()
@@ -335,14 +336,23 @@ def test_19577_segment_load_failure_rolls_back_and_next_poll_retries(
     storage.inject_failure("get_segments", times=4)
     assert index.poll(100) == []  # the load failed: nothing delivered, nothing lost
     assert index.buckets()[0].loaded_segment == 0
-    assert index.stats()["ops"]["load"]["failed"] == 1
+    stats = index.stats()
+    assert stats["ops"]["load"]["failed"] == 1
+    assert stats["retrying_loads"] == {bucket.snapshot_id: 1}
+    assert stats["health"] == "degraded"
     assert len(index) == 6  # the bucket's 5 and (2, 0) in the mutable bucket
     assert all(index.contains(1, e) for e in range(5))
-    assert index.has_message_available()
-    assert index.poll(100) == [Position(1, e) for e in range(4)]
-    assert index.buckets()[0].loaded_segment >= 2  # loads may read several segments at once
+    # Not retried on every poll (no retry storm): the bucket waits for its backoff.
+    assert not index.has_message_available()
+    assert index.poll(100) == []
     assert index.stats()["ops"]["load"]["failed"] == 1
-    rest = {p: t for p, t in schedule.items() if p in {Position(1, 4), Position(2, 0)}}
+    retry_at = index.next_delivery_time()
+    assert retry_at is not None and retry_at > T0 + 1030
+    clock.set(retry_at)
+    assert index.poll(100) == [Position(1, e) for e in range(5)]  # late, never early
+    assert index.stats()["retrying_loads"] == {}
+    assert index.stats()["health"] == "ok"
+    rest = {Position(2, 0): schedule[Position(2, 0)]}
     assert_exactly_once(drain(index, clock, rest), rest)
     index.close()
 
@@ -1009,10 +1019,11 @@ def test_25996_26012_strict_mode_never_delivers_early_and_never_stalls(
 # -- recovery: missing, corrupt and overlapping snapshots -----------------------------------------
 
 
-def test_22802_missing_snapshot_drops_the_bucket_with_a_warning(
+def test_22802_missing_snapshot_quarantines_the_bucket_loudly(
     storage: MemoryStorage, clock: ManualClock
 ) -> None:
-    """Pulsar recovery could fail on a missing snapshot; ours drops that bucket with a warning."""
+    """Pulsar recovery could fail on a missing snapshot; ours quarantines that bucket only:
+    reported with its range (the replay re-adds it), the other bucket delivers."""
     index = open_index(storage, clock)
     schedule = seal_ledgers(index, [1, 2], T0 + 10_000)
     missing, kept = (b.snapshot_id for b in index.buckets())
@@ -1020,41 +1031,73 @@ def test_22802_missing_snapshot_drops_the_bucket_with_a_warning(
     index.close()
     storage.delete(missing)
     index = open_index(storage, clock)
-    assert ranges(index) == [(2, 2)]
+    assert ranges(index) == [(1, 1), (2, 2)]
+    [info] = index.quarantined()
+    assert (info.snapshot_id, info.start_ledger, info.end_ledger) == (missing, 1, 1)
+    assert (info.num_messages, info.positions_known) == (5, False)
+    assert "missing" in info.reason
+    assert [b.state for b in index.buckets()] == ["quarantined", "durable"]
     assert any(missing in w for w in index.stats()["warnings"])
-    assert not any(index.contains(1, e) for e in range(5))
+    assert index.stats()["health"] == "degraded"
+    assert not any(index.contains(1, e) for e in range(5))  # lost with the object
     assert all(index.contains(2, e) for e in range(5))
-    assert len(index) == 5
     index.flush()
     manifest = storage.read_manifest(NAME)
-    assert missing not in manifest.referenced_ids()
+    assert missing not in manifest.live_ids()
+    assert manifest.quarantine(missing) is not None and manifest.quarantine(missing).active
     assert set(manifest.live_ids()) == {kept}
-    assert_no_orphans(storage)
     expected = {p: t for p, t in schedule.items() if p.ledger_id == 2}
     assert_exactly_once(drain(index, clock, expected), expected)
+    # The dispatcher's replay re-adds the lost range; it is delivered on time.
+    replay = {p: t for p, t in schedule.items() if p.ledger_id == 1}
+    clock.set(T0)
+    for p, t in replay.items():
+        assert index.add(p.ledger_id, p.entry_id, t)
+    assert_exactly_once(drain(index, clock, replay), replay)
+    assert index.release_quarantined() == 0
+    assert index.quarantined() == []
     index.close()
 
 
-@pytest.mark.parametrize("damage", ["magic", "middle", "last-byte", "unreadable"])
-def test_22735_19394_unrecoverable_snapshot_raises_naming_it_and_changes_nothing(
+@pytest.mark.parametrize("damage", ["magic", "middle", "last-byte"])
+def test_22735_19394_damaged_snapshot_is_quarantined_and_the_rest_recovers(
     storage: MemoryStorage, clock: ManualClock, damage: str
 ) -> None:
-    """Pulsar's failed recovery leaked; ours raises RecoveryError naming it, changing nothing."""
+    """Pulsar's failed recovery leaked or failed the whole topic; ours quarantines the damaged
+    bucket, keeps its object untouched, and recovers and delivers every other bucket."""
     config = tiny(max_indexes_per_segment=-1, max_time_step_per_segment_ms=10_000)
     index = open_index(storage, clock, config)
-    seal_ledgers(index, [1, 2], T0 + 10_000)
+    schedule = seal_ledgers(index, [1, 2], T0 + 10_000)
     bad, good = (b.snapshot_id for b in index.buckets())
     assert bad is not None and good is not None
     assert [b.num_segments for b in index.buckets()] == [1, 1]
     index.close()
     original = storage.raw_object(bad)
-    if damage == "unreadable":
-        storage.inject_failure("get_metadata", times=4)
-    else:
-        at = {"magic": 0, "middle": len(original) // 2, "last-byte": len(original) - 1}[damage]
-        flipped = bytearray(original)
-        flipped[at] ^= 0x40
-        storage.put_raw_object(bad, bytes(flipped))
+    at = {"magic": 0, "middle": len(original) // 2, "last-byte": len(original) - 1}[damage]
+    flipped = bytearray(original)
+    flipped[at] ^= 0x40
+    storage.put_raw_object(bad, bytes(flipped))
+    index = open_index(storage, clock, config)
+    [info] = index.quarantined()
+    assert info.snapshot_id == bad and bad in index.stats()["warnings"][-1]
+    assert storage.raw_object(bad) == bytes(flipped)  # kept, untouched
+    expected = {p: t for p, t in schedule.items() if p.ledger_id == 2}
+    assert_exactly_once(drain(index, clock, expected), expected)
+    index.close()
+    assert storage.raw_object(bad) == bytes(flipped)
+
+
+def test_22735_unreadable_metadata_at_open_raises_naming_it_and_changes_nothing(
+    storage: MemoryStorage, clock: ManualClock
+) -> None:
+    """A transient read failure at open is not damage: RecoveryError naming it, no change."""
+    config = tiny(max_indexes_per_segment=-1, max_time_step_per_segment_ms=10_000)
+    index = open_index(storage, clock, config)
+    seal_ledgers(index, [1, 2], T0 + 10_000)
+    bad = index.buckets()[0].snapshot_id
+    assert bad is not None
+    index.close()
+    storage.inject_failure("get_metadata", times=4)
     objects_before = {o.id: storage.raw_object(o.id) for o in storage.list_objects()}
     manifest_before = storage.raw_manifest(NAME)
     with pytest.raises(RecoveryError) as info:
@@ -1062,8 +1105,7 @@ def test_22735_19394_unrecoverable_snapshot_raises_naming_it_and_changes_nothing
     assert bad in str(info.value)
     assert {o.id: storage.raw_object(o.id) for o in storage.list_objects()} == objects_before
     assert storage.raw_manifest(NAME) == manifest_before
-    storage.put_raw_object(bad, original)  # repaired: the name opens and recovers both
-    index = open_index(storage, clock, config)
+    index = open_index(storage, clock, config)  # the storage answers again: both recover
     assert ranges(index) == [(1, 1), (2, 2)]
     assert len(index) == 10
     index.close()

@@ -52,6 +52,7 @@ from delayindex import (
     ManualClock,
     MemoryStorage,
     RecoveryError,
+    StorageError,
     TrackerConfig,
 )
 from delayindex.executors import InlineExecutor
@@ -110,6 +111,7 @@ class DelayIndexMachine(RuleBasedStateMachine):
         super().__init__()
         self.index: DelayIndex | None = None
         self.broken = False
+        self.late = False  # a bucket's failed read deferred it: its messages may come late
 
     # -- setup and helpers ------------------------------------------------------------------
 
@@ -220,7 +222,7 @@ class DelayIndexMachine(RuleBasedStateMachine):
     def rebuild_oracle(self) -> None:
         """Start a fresh InMemoryTracker oracle once the model is exact and nothing is due."""
         cutoff = self.cutoff()
-        if not self.exact() or any(min(t) <= cutoff for t in self.cand.values()):
+        if self.late or not self.exact() or any(min(t) <= cutoff for t in self.cand.values()):
             return
         oracle = InMemoryTracker(self.config, clock=self.clock)
         oracle.reset_tick_time(self.tick)
@@ -244,6 +246,10 @@ class DelayIndexMachine(RuleBasedStateMachine):
             for pos, times in self.cand.items()
             if pos not in delivered and max(times) <= cutoff
         )
+        if self.late:
+            # A failed segment read defers its bucket (late, never early): order across
+            # buckets is not checked until it has caught up.
+            surely_due = []
         if delivered and surely_due:
             last = max((min(self.cand[pos]), pos) for pos in delivered)
             assert surely_due[0] > last, (
@@ -267,7 +273,14 @@ class DelayIndexMachine(RuleBasedStateMachine):
         got = [(p.ledger_id, p.entry_id) for p in self.index.poll(n)]
         if load_may_fail and self.storage.pending_failures("get_segments") < MAX_ATTEMPTS:
             event("poll: a segment load may have failed")
+        retrying = bool(self.index.stats()["retrying_loads"])
+        if retrying:
+            event("poll: a bucket's reads are retried later")
+            self.late, self.oracle = True, None
         self.check_delivery(got, n, load_may_fail)
+        cutoff = self.cutoff()
+        if self.late and not retrying and all(min(t) > cutoff for t in self.cand.values()):
+            self.late = False  # caught up: strict order holds again
         return got
 
     # -- rules ------------------------------------------------------------------------------
@@ -398,9 +411,14 @@ class DelayIndexMachine(RuleBasedStateMachine):
         assert all(d is not None for d in durable)
         at_close = set(self.cand)
         self.note_stats(index)
-        # Close persists the mark unless its manifest commit fails (then it is only logged).
+        # Close persists the mark unless its manifest commit fails; then close raises
+        # StorageError (after closing everything else) whenever the mark was pending.
         mark_persists = self.storage.pending_failures("manifest") < MAX_ATTEMPTS
-        index.close()
+        try:
+            index.close()
+        except StorageError:
+            assert not mark_persists, "close raised with no injected failure able to cause it"
+            event("reopen: close reported an unpersisted mark")
         self.index = None
         assert index.closed and len(index) == 0
         stored = snapshot_times(self.storage, [o.id for o in self.storage.list_objects()])
@@ -488,7 +506,7 @@ class DelayIndexMachine(RuleBasedStateMachine):
             lost = manifest.live_ids() - objects
             assert not lost, f"live buckets without their object: {lost}"
         nxt = index.next_delivery_time()
-        if self.cand:
+        if self.cand and not self.late:
             bound = min(max(times) for times in self.cand.values())
             assert nxt is not None and nxt <= bound, f"next_delivery_time {nxt} > {bound}"
             if bound <= self.cutoff():
@@ -505,13 +523,15 @@ class DelayIndexMachine(RuleBasedStateMachine):
         if index is None:
             return
         if self.broken:  # a step failed: report that failure, not a drain of broken state
-            index.close()
+            self.close_index(index)
             return
         try:
             self.clock.set(FAR_FUTURE)
             for _ in range(200):
                 if not len(index):
                     break
+                # A failed segment read is retried after its backoff, not on every poll.
+                self.clock.advance(64 * TrackerConfig().load_retry_delay_ms)
                 load_may_fail = self.storage.pending_failures("get_segments") >= MAX_ATTEMPTS
                 got = self.poll_index(10_000)
                 assert got or load_may_fail, f"drain stuck with {len(index)} tracked"
@@ -524,7 +544,17 @@ class DelayIndexMachine(RuleBasedStateMachine):
                 if count and key != "recover succeeded":
                     event(f"storage op: {key}")
         finally:
+            self.close_index(index)
+
+    def close_index(self, index: DelayIndex) -> None:
+        """Close; a close whose mark-delete commit meets injected manifest faults must say so."""
+        faulty = self.storage.pending_failures("manifest") > 0
+        try:
             index.close()
+        except StorageError:
+            if not faulty:
+                raise
+        assert index.closed
 
 
 TestDelayIndexStateful = DelayIndexMachine.TestCase

@@ -257,6 +257,18 @@ cdef class BucketCore:
             view[i] = self.index.ccontains(ls[i], es[i])
         return out
 
+    def tracked_in_range(self, int64_t start, int64_t end):
+        """Tracked positions of ledgers ``start..end`` whose authoritative copy is not in the
+        direct heap, as ``(ledgers, entries)`` int64 arrays in position order."""
+        ls, es = [], []
+        for ledger in self.index.ledgers():
+            if start <= ledger <= end:
+                entries = [e for e in self.index.bitmap(ledger)
+                           if not self.shadow or (ledger, e) not in self.shadow]
+                ls.extend([ledger] * len(entries))
+                es.extend(entries)
+        return np.array(ls, dtype=np.int64), np.array(es, dtype=np.int64)
+
     def untrack_upto(self, int64_t ledger, int64_t entry) -> int:
         """Untrack every position ``<= (ledger, entry)`` (mark-delete); return how many."""
         if (ledger, entry) > (self.mark_ledger, self.mark_entry):

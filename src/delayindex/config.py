@@ -46,6 +46,9 @@ class TrackerConfig:
     #: Group commit: how long the writer waits for more changes before writing a batch that is
     #: not full (PIP-160's ``maxDelayInMillis``); 0 writes whatever has accumulated at once.
     group_commit_max_delay_ms: int = 1
+    #: First retry delay of a segment read that failed with a storage error (not damage); later
+    #: retries of that bucket back off from it, while every other bucket keeps delivering.
+    load_retry_delay_ms: int = 1000
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -66,6 +69,7 @@ class TrackerConfig:
         _at_least("max_unpersisted_indexes", self.max_unpersisted_indexes, 0)
         _at_least("max_delete_attempts", self.max_delete_attempts, 1)
         _at_least("delete_retry_delay_ms", self.delete_retry_delay_ms, 0)
+        _at_least("load_retry_delay_ms", self.load_retry_delay_ms, 0)
         _at_least("group_commit_max_ops", self.group_commit_max_ops, 1)
         _at_least("group_commit_max_bytes", self.group_commit_max_bytes, 1)
         _at_least("group_commit_max_delay_ms", self.group_commit_max_delay_ms, 0)

@@ -227,6 +227,18 @@ class BucketCore(TickedCore):
             dtype=np.bool_,
         )
 
+    def tracked_in_range(self, start: int, end: int) -> tuple[Int64Array, Int64Array]:
+        """Tracked positions of ledgers ``start..end`` whose authoritative copy is not in the
+        direct heap, as ``(ledgers, entries)`` int64 arrays in position order."""
+        ls: list[int] = []
+        es: list[int] = []
+        for ledger in self._index.ledgers():
+            if start <= ledger <= end:
+                entries = [e for e in self._index.bitmap(ledger) if (ledger, e) not in self._shadow]
+                ls.extend([ledger] * len(entries))
+                es.extend(entries)
+        return np.array(ls, dtype=np.int64), np.array(es, dtype=np.int64)
+
     def untrack_upto(self, ledger: int, entry: int) -> int:
         """Untrack every position ``<= (ledger, entry)`` (mark-delete); return how many."""
         self._mark = max(self._mark, (ledger, entry))

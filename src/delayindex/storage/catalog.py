@@ -102,12 +102,14 @@ from delayindex.errors import (
     SnapshotNotFoundError,
     StorageError,
 )
+from delayindex.policy import backoff_delay_ms
 from delayindex.snapshot.format import Segment, SnapshotMetadata
 from delayindex.storage.base import LockHandle, SnapshotStorage
 from delayindex.storage.manifest import (
     BucketRecord,
     Intent,
     Manifest,
+    QuarantineRecord,
     WriterStatus,
     validate_key,
 )
@@ -115,8 +117,6 @@ from delayindex.storage.manifest import (
 _log = logging.getLogger(__name__)
 
 CrashHook = Callable[[str], None]
-#: Largest backoff multiplier of a failing delete.
-MAX_BACKOFF_FACTOR = 64
 #: Re-reads of the manifest after a failed commit, to learn whether it landed (each read is
 #: itself retried by the storage): an unknown outcome must be rare, as it stalls the writer.
 RESOLVE_READS = 8
@@ -286,6 +286,11 @@ class Catalog:
             self._stale = True
             self._sync()
             return self._manifest
+
+    @property
+    def mark_pending(self) -> bool:
+        """Whether a noted mark-delete position is not yet in the stored manifest."""
+        return self._mark_dirty
 
     @property
     def stale(self) -> bool:
@@ -714,6 +719,109 @@ class Catalog:
             self._hook("dead.requeued")
             return self._finish_deletes(wanted)
 
+    # -- quarantine -------------------------------------------------------------------------------
+
+    def quarantine_buckets(self, records: Sequence[QuarantineRecord]) -> list[str]:
+        """Move live buckets whose snapshot is damaged or missing to the quarantine, in one
+        commit; their objects are kept. Returns the ids moved (ids no longer live are skipped:
+        a bucket deleted meanwhile needs no quarantine).
+
+        Raises:
+            StorageError, ManifestConflictError: the commit failed; nothing changed.
+        """
+        with self._mutex:
+            self._check_open()
+            self._sync()
+            manifest, moved = self._manifest, []
+            for record in records:
+                if manifest.bucket(record.snapshot_id) is None:
+                    continue
+                if any(record.snapshot_id in i.replaces for i in manifest.intents):
+                    continue  # a merge in flight replaces it; its outcome decides
+                manifest = manifest.with_quarantined(record)
+                moved.append(record.snapshot_id)
+            if moved:
+                self._commit(manifest)
+                self._hook("quarantine.committed")
+            return moved
+
+    def resolve_quarantine(self, snapshot_ids: Iterable[str], state: str) -> list[str]:
+        """Mark active quarantine records resolved (``released``, ``acknowledged`` or
+        ``cleared``) in one commit; the damaged objects stay. Returns the ids changed.
+
+        Raises:
+            ValueError: ``state`` is not a resolution.
+            StorageError, ManifestConflictError: the commit failed; nothing changed.
+        """
+        if state not in ("released", "acknowledged", "cleared"):
+            raise ValueError(f"not a quarantine resolution: {state!r}")
+        with self._mutex:
+            self._check_open()
+            self._sync()
+            manifest, changed = self._manifest, []
+            for snapshot_id in snapshot_ids:
+                record = manifest.quarantine(snapshot_id)
+                if record is not None and record.active:
+                    manifest = manifest.with_quarantine_state(snapshot_id, state)
+                    changed.append(snapshot_id)
+            if changed:
+                self._commit(manifest)
+            return changed
+
+    def repair_bucket(
+        self, snapshot_id: str, metadata: SnapshotMetadata, segments: Sequence[Segment]
+    ) -> BucketRecord:
+        """Replace the quarantined bucket ``snapshot_id`` by a rebuilt snapshot of its range.
+
+        Two-phase like :meth:`create_bucket`: a create intent, the object, then one commit
+        that makes the new bucket live and marks the quarantine record ``repaired``. The
+        damaged object is kept (before and after: it is never deleted by the library).
+
+        Raises:
+            ValueError: ``snapshot_id`` is not actively quarantined, or ``metadata``'s range is
+                not exactly its range.
+            StorageError, ManifestConflictError: the repair failed and was rolled back; the
+                bucket stays quarantined.
+        """
+        with self._mutex:
+            self._check_open()
+            self._sync()
+            damaged = self._manifest.quarantine(snapshot_id)
+            if damaged is None or not damaged.active:
+                raise ValueError(f"{snapshot_id!r} is not a quarantined bucket of {self.name!r}")
+            start, end = metadata.start_ledger, metadata.end_ledger
+            if (start, end) != (damaged.start_ledger, damaged.end_ledger):
+                raise ValueError(
+                    f"a repair of [{damaged.start_ledger}, {damaged.end_ledger}] cannot cover "
+                    f"[{start}, {end}]"
+                )
+            intent = Intent("create", self._new_key(start, end), start, end)
+            key = intent.snapshot_id
+            self._commit(self._manifest.with_intent(intent))
+            self._hook("repair.intent_committed")
+            try:
+                self._storage.create(metadata, segments, key)
+                size = self._storage.length(key)
+            except Exception as exc:
+                self._roll_back(intent, exc)
+                raise
+            record = BucketRecord(
+                start, end, key, metadata.num_messages, metadata.num_segments, size
+            )
+            repaired = self._manifest.without_intent(key).with_quarantine_state(
+                snapshot_id, "repaired"
+            )
+            try:
+                self._commit(repaired.with_bucket(record))
+            except CommitOutcomeUnknownError:
+                raise
+            except (StorageError, ManifestConflictError) as exc:
+                if self._manifest.bucket(key) is None:
+                    self._roll_back(intent, exc)
+                    raise
+            self._hook("repair.bucket_live")
+            return record
+
     def note_mark_delete(self, mark: tuple[int, int] | None) -> None:
         """Record the owner's mark-delete position; it is persisted with the next commit (or
         :meth:`persist_mark_delete`), not at once: acknowledgements are frequent."""
@@ -906,11 +1014,11 @@ class Catalog:
     ) -> Manifest:
         """``manifest`` with a failed delete recorded: attempts + 1 and backoff, or dead letter."""
         attempts = intent.attempts + 1
-        factor = min(2 ** (attempts - 1), MAX_BACKOFF_FACTOR)
         updated = replace(
             intent,
             attempts=attempts,
-            next_attempt_ms=max(self._clock(), 0) + self._retry_delay_ms * factor,
+            next_attempt_ms=max(self._clock(), 0)
+            + backoff_delay_ms(self._retry_delay_ms, attempts),
             last_error=f"{type(exc).__name__}: {exc}"[:1000],
         )
         if attempts >= self._max_delete_attempts:

@@ -8,15 +8,21 @@ A :class:`Manifest` is the single source of truth for one name (one tracker). It
   removed. Whatever a crash interrupts, every object the protocol ever wrote is referenced here;
 * ``dead_letters``: delete intents that failed ``max_delete_attempts`` times; kept (never
   forgotten) so that an operator can see and retry them;
+* ``quarantined``: :class:`QuarantineRecord` s of buckets whose snapshot was found damaged or
+  missing. Such an object has left the live set but is never deleted by the library or by
+  ``gc``: an ``active`` record still owns its ledger range (its positions wait for a repair or
+  a release); a resolved one (released, repaired, acknowledged, cleared) only keeps the damaged
+  object where the operator can see it;
 * optionally ``mark_delete`` (the owner's acknowledged position) and ``writer_status`` (what the
-  writer held only in memory at the commit, for ``delayindex inspect``). Both are left out of the
-  bytes when None, so manifests without them encode exactly as before they existed.
+  writer held only in memory at the commit, for ``delayindex inspect``). These and
+  ``quarantined`` are left out of the bytes when empty, so manifests without them encode exactly
+  as before they existed.
 
 Invariants (checked whenever a Manifest is built, hence on every decode):
 
 * every snapshot id matches :data:`KEY_PATTERN` and appears at most once across buckets,
   intents and dead letters;
-* live bucket ranges are disjoint (``start_ledger <= end_ledger``);
+* live bucket ranges and active quarantine ranges are disjoint (``start_ledger <= end_ledger``);
 * a create intent's ``replaces`` are live buckets (the sources of a merge stay live until the
   merged bucket is); a delete intent replaces nothing.
 
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import json
 import re
 import struct
@@ -61,6 +68,10 @@ _MAX_LEDGER = 2**63 - 1
 
 IntentKind = Literal["create", "delete"]
 INTENT_KINDS: tuple[str, ...] = ("create", "delete")
+#: States of a :class:`QuarantineRecord`: ``active`` (positions wait for repair or release),
+#: then how it was resolved. Every state keeps the damaged object.
+QUARANTINE_STATES: tuple[str, ...] = ("active", "released", "repaired", "acknowledged", "cleared")
+_MAX_REASON = 1000
 
 
 def validate_key(key: object, what: str = "key") -> str:
@@ -147,6 +158,42 @@ class Intent:
 
 
 @dataclass(frozen=True)
+class QuarantineRecord:
+    """A bucket whose snapshot was found damaged or missing (see the module docs).
+
+    ``first_segment`` is the first segment whose positions were not all delivered when the
+    damage was found (recovery restores the positions of that segment on, if the metadata is
+    still readable); ``num_messages`` counts the positions whose delivery times were lost;
+    ``found_ms`` is the writer's clock when it was quarantined.
+    """
+
+    snapshot_id: str
+    start_ledger: int
+    end_ledger: int
+    num_messages: int
+    first_segment: int
+    reason: str
+    found_ms: int
+    state: str = "active"
+
+    def __post_init__(self) -> None:
+        validate_key(self.snapshot_id, "snapshot id")
+        _check_range(self.start_ledger, self.end_ledger, f"quarantine {self.snapshot_id!r}")
+        _check_int(self.num_messages, "num_messages")
+        _check_int(self.first_segment, "first_segment", 1, 2**31)
+        _check_int(self.found_ms, "found_ms")
+        if not isinstance(self.reason, str) or len(self.reason) > _MAX_REASON:
+            raise TypeError(f"reason must be a str of at most {_MAX_REASON} characters")
+        if self.state not in QUARANTINE_STATES:
+            raise ValueError(f"unknown quarantine state {self.state!r}")
+
+    @property
+    def active(self) -> bool:
+        """Whether the bucket's positions still wait for a repair or a release."""
+        return self.state == "active"
+
+
+@dataclass(frozen=True)
 class WriterStatus:
     """What the name's writer held only in memory when it made a commit (shown by the CLI).
 
@@ -179,6 +226,8 @@ class Manifest:
     mark_delete: tuple[int, int] | None = None
     #: The writer's in-memory state at this commit (informational; absent in older manifests).
     writer_status: WriterStatus | None = None
+    #: Damaged buckets moved out of the live set (their objects are kept).
+    quarantined: tuple[QuarantineRecord, ...] = ()
     _live: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -195,6 +244,7 @@ class Manifest:
             ("buckets", self.buckets, BucketRecord),
             ("intents", self.intents, Intent),
             ("dead_letters", self.dead_letters, Intent),
+            ("quarantined", self.quarantined, QuarantineRecord),
         ):
             if not isinstance(items, tuple) or not all(isinstance(x, cls) for x in items):
                 raise TypeError(f"{what} must be a tuple of {cls.__name__}")
@@ -205,10 +255,18 @@ class Manifest:
                     f"{previous.end_ledger}] and {bucket.snapshot_id!r} [{bucket.start_ledger}, "
                     f"{bucket.end_ledger}] overlap or are out of order"
                 )
+        owned = sorted(
+            [(b.start_ledger, b.end_ledger, b.snapshot_id) for b in self.buckets]
+            + [(q.start_ledger, q.end_ledger, q.snapshot_id) for q in self.quarantined if q.active]
+        )
+        for (_, end, a), (start, _, b) in itertools.pairwise(owned):
+            if start <= end:
+                raise ValueError(f"the ranges of {a!r} and {b!r} overlap")
         ids = [
             *(b.snapshot_id for b in self.buckets),
             *(i.snapshot_id for i in self.intents),
             *(d.snapshot_id for d in self.dead_letters),
+            *(q.snapshot_id for q in self.quarantined),
         ]
         if len(set(ids)) != len(ids):
             raise ValueError("a snapshot id appears twice in the manifest")
@@ -243,11 +301,16 @@ class Manifest:
         return self._live
 
     def referenced_ids(self) -> frozenset[str]:
-        """Every snapshot id the manifest mentions (live, pending or dead-lettered).
+        """Every snapshot id the manifest mentions (live, pending, dead-lettered, quarantined).
 
         After a repair with working storage, every stored object of this name is in this set.
         """
-        return self._live | {i.snapshot_id for i in (*self.intents, *self.dead_letters)}
+        pending = {i.snapshot_id for i in (*self.intents, *self.dead_letters)}
+        return self._live | pending | {q.snapshot_id for q in self.quarantined}
+
+    def quarantine(self, snapshot_id: str) -> QuarantineRecord | None:
+        """The quarantine record of ``snapshot_id`` (active or resolved), or None."""
+        return next((q for q in self.quarantined if q.snapshot_id == snapshot_id), None)
 
     def overlapping(self, start_ledger: int, end_ledger: int) -> tuple[BucketRecord, ...]:
         """Live buckets whose range intersects ``[start_ledger, end_ledger]``."""
@@ -287,6 +350,24 @@ class Manifest:
             self,
             intents=tuple(
                 intent if i.snapshot_id == intent.snapshot_id else i for i in self.intents
+            ),
+        )
+
+    def with_quarantined(self, record: QuarantineRecord) -> Manifest:
+        """Move the live bucket ``record.snapshot_id`` to the quarantine as ``record``."""
+        moved = self.without_bucket(record.snapshot_id)
+        return replace(moved, quarantined=(*moved.quarantined, record))
+
+    def with_quarantine_state(self, snapshot_id: str, state: str) -> Manifest:
+        """Set the state of the quarantine record of ``snapshot_id`` (``KeyError`` if none)."""
+        record = self.quarantine(snapshot_id)
+        if record is None:
+            raise KeyError(snapshot_id)
+        updated = replace(record, state=state)
+        return replace(
+            self,
+            quarantined=tuple(
+                updated if q.snapshot_id == snapshot_id else q for q in self.quarantined
             ),
         )
 
@@ -336,6 +417,8 @@ def encode_manifest(manifest: Manifest) -> bytes:
         document["mark_delete"] = list(manifest.mark_delete)
     if manifest.writer_status is not None:  # likewise
         document["writer_status"] = dataclasses.asdict(manifest.writer_status)
+    if manifest.quarantined:  # likewise
+        document["quarantined"] = [dataclasses.asdict(q) for q in manifest.quarantined]
     payload = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
     head = _HEAD.pack(MANIFEST_MAGIC, MANIFEST_FORMAT, len(payload))
     return head + _CRC.pack(mmh3.hash(head + payload, CHECKSUM_SEED, signed=False)) + payload
@@ -363,6 +446,7 @@ _INTENT_KEYS = frozenset(
     )
 )
 _STATUS_KEYS = frozenset(("unpersisted", "memory_mode_buckets", "as_of_ms"))
+_QUARANTINE_KEYS = frozenset(f.name for f in dataclasses.fields(QuarantineRecord))
 _MANIFEST_KEYS = frozenset(("name", "version", "buckets", "intents", "dead_letters"))
 
 
@@ -416,6 +500,13 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
         if isinstance(document, dict) and "writer_status" in document:
             document = dict(document)
             status = WriterStatus(**_fields(document.pop("writer_status"), _STATUS_KEYS, "status"))
+        quarantined: tuple[QuarantineRecord, ...] = ()
+        if isinstance(document, dict) and "quarantined" in document:
+            document = dict(document)
+            quarantined = tuple(
+                QuarantineRecord(**_fields(q, _QUARANTINE_KEYS, "quarantine record"))
+                for q in _list(document.pop("quarantined"), "quarantined")
+            )
         f = _fields(document, _MANIFEST_KEYS, "manifest")
         buckets = []
         for obj in _list(f["buckets"], "buckets"):
@@ -438,6 +529,7 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
             dead_letters=tuple(_intent_from(d) for d in _list(f["dead_letters"], "dead_letters")),
             mark_delete=None if mark is None else (mark[0], mark[1]),
             writer_status=status,
+            quarantined=quarantined,
         )
     except (ValueError, TypeError) as exc:  # json.JSONDecodeError and UnicodeDecodeError included
         raise SnapshotCorruptError(f"{where}: invalid manifest: {exc}") from None

@@ -75,11 +75,17 @@ from delayindex.errors import (
     TrackerClosedError,
 )
 from delayindex.model import MAX_TIME, Position
+from delayindex.policy import backoff_delay_ms
 from delayindex.snapshot.format import PreparedSegments, SnapshotMetadata, build_snapshot
 from delayindex.storage.base import SnapshotStorage
 from delayindex.storage.catalog import Catalog
-from delayindex.storage.manifest import BucketRecord, WriterStatus
+from delayindex.storage.manifest import BucketRecord, QuarantineRecord, WriterStatus
 from delayindex.timers import ArmingRule, Timer
+from delayindex.tracker._damage import (
+    ProblemLog,
+    QuarantineMixin,
+    damage_reason,
+)
 from delayindex.tracker._front import TrackerFront
 from delayindex.tracker.in_memory import _ClosedCore, _diagnose, as_int64_array
 
@@ -103,10 +109,12 @@ class BucketInfo:
     """One sealed bucket, as :meth:`DelayIndex.buckets` reports it.
 
     ``state`` is ``"creating"`` (snapshot being written), ``"durable"`` (snapshot live in the
-    manifest), ``"memory"`` (create failed; held in memory) or ``"merging"`` (durable, being
-    merged). ``loaded_segment`` is the 1-based number of the last segment read into memory (0:
-    none yet, or the whole bucket is in memory); ``num_messages`` counts the indexes written to
-    the snapshot.
+    manifest), ``"memory"`` (create failed; held in memory), ``"merging"`` (durable, being
+    merged), ``"quarantined"`` (snapshot damaged or missing: positions held, not delivered until
+    repaired or released; see :meth:`DelayIndex.quarantined`) or ``"released"`` (a quarantined
+    bucket whose positions were released: due now). ``loaded_segment`` is the 1-based number
+    of the last segment read into memory (0: none yet, or the whole bucket is in memory);
+    ``num_messages`` counts the indexes written to the snapshot.
     """
 
     start_ledger: int
@@ -123,8 +131,9 @@ class _Bucket:
     """Driver-side record of a sealed bucket (the core knows it only as a source id)."""
 
     __slots__ = (
-        "bounds", "current", "end", "exhausted", "merging", "mins", "num_messages",
-        "sid", "snapshot_bytes", "snapshot_id", "start", "state",
+        "bounds", "current", "damage", "end", "exhausted", "load_failures", "merging", "mins",
+        "num_messages", "positions_known", "sid", "snapshot_bytes", "snapshot_id", "start",
+        "state",
     )  # fmt: skip
 
     def __init__(self, sid: int, start: int, end: int, num_messages: int) -> None:
@@ -140,6 +149,9 @@ class _Bucket:
         self.bounds: Int64Array = np.empty(0, dtype=np.int64)  # cumulative counts per segment
         self.merging = False
         self.exhausted = False
+        self.load_failures = 0  # consecutive failed segment reads (transient storage errors)
+        self.damage: QuarantineRecord | None = None  # set while quarantined or released
+        self.positions_known = False  # quarantined: its positions are still tracked
 
     @property
     def num_segments(self) -> int:
@@ -281,7 +293,7 @@ def resolve_overlaps(
     return kept, dropped
 
 
-class DelayIndex(TrackerFront):
+class DelayIndex(QuarantineMixin, TrackerFront):
     """Bucket-based delayed-message tracker (PIP-195) over a :class:`SnapshotStorage`.
 
     Build it with :meth:`open`. See the module documentation for how it works, and
@@ -338,7 +350,10 @@ class DelayIndex(TrackerFront):
         self._mark: tuple[int, int] | None = None
         self._epoch = 0
         self._closed = False
-        self._warnings: deque[str] = deque(maxlen=100)  # newest last; bounded
+        self._warnings = ProblemLog(f"delayindex {self._name}")  # once per distinct problem
+        self._pending_quarantine: list[tuple[QuarantineRecord, str]] = []
+        self._quarantine_job_queued = False
+        self._quarantine_failures = 0
         self._ops = {k: _OpStats() for k in ("create", "load", "delete", "merge", "recover")}
 
     # -- construction ---------------------------------------------------------------------------
@@ -427,34 +442,62 @@ class DelayIndex(TrackerFront):
         now = self._now()
         cutoff = self._core.cutoff_for(now)
         loaded: list[tuple[BucketRecord, SnapshotMetadata, int, Any, Any]] = []
+        damaged: list[tuple[QuarantineRecord, Any]] = []
         drop: list[str] = [r.snapshot_id for r in overlapping]
         for record in records:
             sid_name = record.snapshot_id
+            metadata: SnapshotMetadata | None = None
+            first = 1
+            live: Any = None
             try:
                 # Bitmaps are parsed once, below, and only those of the live segments.
                 metadata = self._storage.get_metadata(sid_name, check_bitmaps=False)
-                first = metadata.first_live_segment(cutoff)
-                if first is None:
+                found = metadata.first_live_segment(cutoff)
+                if found is None:
                     drop.append(sid_name)  # every index is due: the dispatcher delivers them
                     continue
+                first = found
                 live = _live_positions(metadata, first, sid_name)
                 segment = self._storage.get_segments(sid_name, first, first)[0]
-            except SnapshotNotFoundError:
-                message = (
-                    f"snapshot {sid_name!r} of bucket [{record.start_ledger}, "
-                    f"{record.end_ledger}] is missing; the bucket was dropped"
-                )
-                self._warnings.append(message)
-                _log.warning("%s: %s", self._name, message)
-                drop.append(sid_name)
+            except (SnapshotNotFoundError, SnapshotCorruptError) as exc:
+                # Damage stays local: this bucket is quarantined, the others recover.
+                remaining = record.num_messages
+                if live is not None and metadata is not None:
+                    remaining = int(metadata.counts[first - 1 :].sum())
+                damaged.append(
+                    (
+                        QuarantineRecord(
+                            sid_name, record.start_ledger, record.end_ledger, remaining,
+                            first, damage_reason(exc), max(now, 0),
+                        ),
+                        live,
+                    )
+                )  # fmt: skip
                 continue
-            except (SnapshotCorruptError, StorageError) as exc:
+            except StorageError as exc:
                 self._ops["recover"].record(False, started)
                 raise RecoveryError(
-                    f"cannot recover {self._name!r}: snapshot {sid_name!r} "
-                    f"(bucket [{record.start_ledger}, {record.end_ledger}]): {exc}"
+                    f"cannot recover {self._name!r}: reading snapshot {sid_name!r} (bucket "
+                    f"[{record.start_ledger}, {record.end_ledger}]) failed: {exc}; nothing was "
+                    "changed, open again once the storage answers"
                 ) from exc
             loaded.append((record, metadata, first, segment, live))
+        if damaged:
+            try:
+                self._catalog.quarantine_buckets([q for q, _ in damaged])
+            except (StorageError, ManifestConflictError) as exc:
+                self._ops["recover"].record(False, started)
+                names = ", ".join(repr(q.snapshot_id) for q, _ in damaged)
+                raise RecoveryError(
+                    f"cannot recover {self._name!r}: snapshots {names} are damaged and moving "
+                    f"them to the quarantine failed: {exc}"
+                ) from exc
+        new_ids = {q.snapshot_id for q, _ in damaged}
+        damaged.extend(
+            (q, self._quarantined_positions(q))
+            for q in self._catalog.manifest.quarantined
+            if q.active and q.snapshot_id not in new_ids
+        )
         core = self._core
         for record, metadata, first, segment, live in loaded:
             core.restore_many(*live)
@@ -466,6 +509,8 @@ class DelayIndex(TrackerFront):
                 bucket.sid, segment.times, segment.ledgers, segment.entries,
                 bucket.next_time(first),
             )  # fmt: skip
+        for quarantine, live in damaged:
+            self._install_quarantined(quarantine, live)
         for snapshot_id in drop:
             self._request_delete(snapshot_id)
         mark = self._catalog.manifest.mark_delete
@@ -853,7 +898,10 @@ class DelayIndex(TrackerFront):
         ledgers is acknowledged, including positions added after the mark (a rewound cursor),
         so they are untracked too: nothing stays counted that can no longer be delivered."""
         self._core.untrack_ledgers(bucket.start, bucket.end)
-        if bucket.state == "memory":
+        if bucket.state in ("quarantined", "released"):
+            self._forget_quarantined(bucket, "acknowledged")  # the damaged object stays
+            self._drop_bucket(bucket)
+        elif bucket.state == "memory":
             self._drop_bucket(bucket)
         else:
             self._retire(bucket)
@@ -897,6 +945,7 @@ class DelayIndex(TrackerFront):
                     self._persist_creates.append(item)
             self._persist_deletes.extend(self._deferred_deletes)
             self._deferred_creates, self._deferred_deletes = [], []
+            self._retry_quarantine_commits()
             if self._persist_creates or self._persist_deletes:
                 self._schedule_persist()
         if self._retry_queued or self._unresolved_merge is not None:
@@ -962,9 +1011,11 @@ class DelayIndex(TrackerFront):
         started = time.perf_counter()
         record: BucketRecord | None = None
         metadata: SnapshotMetadata | None = None
+        reading: _Bucket | None = None
         try:
             columns: list[tuple[Int64Array, Int64Array, Int64Array]] = []
             for b in sources:
+                reading = b
                 assert b.snapshot_id is not None
                 # Read in slices: each decode holds the GIL, and add() must not wait long.
                 for first in range(1, b.num_segments + 1, MERGE_READ_SEGMENTS):
@@ -1009,6 +1060,9 @@ class DelayIndex(TrackerFront):
                 self._ops["merge"].record(False, started)
                 self._warnings.append(f"merge of {len(sources)} buckets failed: {exc}")
                 self._merge_failed(sources, epoch)
+                damaged = isinstance(exc, (SnapshotCorruptError, SnapshotNotFoundError))
+                if damaged and reading is not None and self._buckets.get(reading.sid) is reading:
+                    self._quarantine(reading, exc, max(reading.current, 1))
             return
         with self._lock:
             self._ops["merge"].record(True, started)
@@ -1120,9 +1174,11 @@ class DelayIndex(TrackerFront):
             want = min(max_messages, MAX_TIME)
             out: list[Position] = self._core.poll(want, now)
             extra: list[Position] = []
+            # Each load reads the segment, quarantines a damaged bucket or moves a failing
+            # one's placeholder past the cutoff: the loop always ends, and no bucket holds the
+            # others back.
             while self._core.load_needed >= 0 and len(out) + len(extra) < want:
-                if not self._load(self._core.load_needed):
-                    break
+                self._load(self._core.load_needed, now)
                 extra.extend(self._core.poll(want - len(out) - len(extra), now))
             for sid in self._core.take_exhausted():
                 self._exhaust(sid)
@@ -1136,21 +1192,27 @@ class DelayIndex(TrackerFront):
             out.sort()
         return out
 
-    def _load(self, sid: int) -> bool:
-        """Load bucket ``sid``'s next segments (lock held); False if the read failed.
+    def _load(self, sid: int, now: int, *, single: bool = False) -> None:
+        """Load bucket ``sid``'s next segments (lock held).
 
         Consecutive segments are read together until they hold :data:`LOAD_BATCH_INDEXES`
         indexes: a realistic bucket's far-future tail is hundreds of one-index segments, and
         one read per index would bound delivery by storage latency.
+
+        Damage (a checksum or decode failure, a missing object) quarantines the bucket. A
+        transient storage error moves the bucket's placeholder past the cutoff to its retry
+        time (``load_retry_delay_ms``, backing off): its messages come late, never early, and
+        the other buckets keep delivering meanwhile. A damaged batch is read again one segment
+        at a time (``single``), so the good segments before the damage are still delivered.
         """
         bucket = self._buckets[sid]
         started = time.perf_counter()
         first = bucket.current + 1
         base = int(bucket.bounds[first - 2]) if first > 1 else 0
         last = int(np.searchsorted(bucket.bounds, base + LOAD_BATCH_INDEXES, side="right"))
-        last = min(max(last, first), bucket.num_segments)
+        last = first if single else min(max(last, first), bucket.num_segments)
+        assert bucket.snapshot_id is not None
         try:
-            assert bucket.snapshot_id is not None
             times, ledgers, entries = self._storage.get_segment_arrays(
                 bucket.snapshot_id, first, last
             )
@@ -1160,24 +1222,40 @@ class DelayIndex(TrackerFront):
                     f"{bucket.snapshot_id}: segments {first}..{last} hold {len(times)} "
                     f"indexes, expected {expected}"
                 )
-        except (StorageError, SnapshotCorruptError, SnapshotNotFoundError) as exc:
+        except (SnapshotCorruptError, SnapshotNotFoundError) as exc:
             self._ops["load"].record(False, started)
+            if last > first and isinstance(exc, SnapshotCorruptError):
+                self._load(sid, now, single=True)  # isolate the damaged segment
+            else:
+                self._quarantine(bucket, exc, first)
+            return
+        except StorageError as exc:
+            self._ops["load"].record(False, started)
+            bucket.load_failures += 1
+            delay = backoff_delay_ms(self._config.load_retry_delay_ms, bucket.load_failures)
+            retry_at = max(now + max(delay, 1), self._core.cutoff_for(now) + 1)
+            self._core.set_source(sid, _EMPTY, _EMPTY, _EMPTY, retry_at)
             self._warnings.append(
-                f"load of segments {first}..{last} of {bucket.snapshot_id!r} "
-                f"failed (retried on the next poll): {exc}"
+                f"reads of segments {first}..{last} of {bucket.snapshot_id!r} (bucket "
+                f"[{bucket.start}, {bucket.end}]) are failing; retried with backoff, the "
+                f"bucket's messages wait (late, never early), the others keep delivering; "
+                f"check the storage: {exc}",
+                key=f"load:{bucket.snapshot_id}",
             )
-            return False
+            return
         self._core.set_source(sid, times, ledgers, entries, bucket.next_time(last))
         bucket.current = last
+        if bucket.load_failures:
+            bucket.load_failures = 0
+            self._warnings.resolve(f"load:{bucket.snapshot_id}")
         self._ops["load"].record(True, started)
-        return True
 
     def _exhaust(self, sid: int) -> None:
         bucket = self._buckets.get(sid)
         if bucket is None:
             return
         bucket.exhausted = True
-        if bucket.state == "memory":
+        if bucket.state in ("memory", "released"):  # a released one keeps its damaged object
             self._drop_bucket(bucket)
         elif bucket.state == "durable" and not bucket.merging:
             self._retire(bucket)
@@ -1286,10 +1364,12 @@ class DelayIndex(TrackerFront):
             return self._unpersisted()
 
     def _unpersisted(self) -> int:
+        if self._closed:
+            return 0  # nothing is held any more (close recorded what was lost)
         core = self._core
         total = core.mutable_size + core.direct_size
         for b in self._buckets.values():
-            if b.state in ("creating", "memory") and core.has_source(b.sid):
+            if b.state in ("creating", "memory", "released") and core.has_source(b.sid):
                 total += core.source_remaining(b.sid)
         return int(total)
 
@@ -1322,10 +1402,25 @@ class DelayIndex(TrackerFront):
             return total
 
     def stats(self) -> dict[str, Any]:
-        """Counters and gauges: buckets, loaded indexes, snapshot bytes, op counts, warnings."""
+        """Counters and gauges: buckets, loaded indexes, snapshot bytes, op counts, warnings.
+
+        ``health`` is ``"ok"``, or ``"degraded"`` while ``problems`` lists a condition that
+        needs attention, each with what to do: quarantined buckets, failing segment reads,
+        dead letters, memory-mode buckets, unrecorded quarantines. ``warnings`` holds the
+        newest messages, each distinct problem once. Also works on a closed index.
+        """
         with self._lock:
             out: dict[str, Any] = dict(self._core.counters())
             states = [b.state for b in self._buckets.values()]
+            problems = self._problems()
+            quarantined = [
+                {
+                    "snapshot_id": b.snapshot_id, "start_ledger": b.start, "end_ledger": b.end,
+                    "reason": b.damage.reason if b.damage else "",
+                }
+                for b in self._buckets.values() if b.state == "quarantined"
+            ]  # fmt: skip
+            dead_letters = [d.snapshot_id for d in self._catalog.manifest.dead_letters]
             out.update(
                 implementation="native" if _impl.NATIVE else "pure",
                 buckets=len(self._buckets) + 1,
@@ -1351,7 +1446,16 @@ class DelayIndex(TrackerFront):
                 pending_deletes=[
                     i.snapshot_id for i in self._catalog.manifest.intents if i.kind == "delete"
                 ],
-                dead_letters=[d.snapshot_id for d in self._catalog.manifest.dead_letters],
+                dead_letters=dead_letters,
+                quarantined_buckets=len(quarantined),
+                quarantined=quarantined,
+                released_buckets=states.count("released"),
+                retrying_loads={
+                    b.snapshot_id: b.load_failures
+                    for b in self._buckets.values() if b.load_failures
+                },
+                problems=problems,
+                health="degraded" if problems else "ok",
                 mark_delete=self._mark,
                 tick_ms=self._core.tick_ms,
                 strict=self._config.strict,
@@ -1360,11 +1464,42 @@ class DelayIndex(TrackerFront):
             )
             return out
 
+    def _problems(self) -> list[str]:
+        """Conditions that need an operator, each with what to do (lock held)."""
+        out = []
+        for b in sorted(self._buckets.values(), key=lambda b: b.start):
+            if b.state == "quarantined":
+                out.append(
+                    f"bucket [{b.start}, {b.end}] ({b.snapshot_id}) is quarantined: repair it "
+                    "(delayindex repair STORE NAME --dump DUMP) or release it "
+                    "(release_quarantined)"
+                )
+            elif b.load_failures:
+                out.append(
+                    f"reads of {b.snapshot_id} failed {b.load_failures} times in a row; its "
+                    "messages wait: check the storage"
+                )
+            elif b.state == "memory":
+                out.append(
+                    f"bucket [{b.start}, {b.end}] could not be written and is held in memory "
+                    "(retried with backoff): check the storage"
+                )
+        dead = len(self._catalog.manifest.dead_letters)
+        if dead:
+            out.append(
+                f"{dead} snapshot deletes are dead letters: retry them "
+                "(delayindex gc STORE --delete --retry-dead-letters)"
+            )
+        if self._pending_quarantine:
+            out.append("quarantines not yet recorded in the manifest (retried): check the storage")
+        return out
+
     def clear(self) -> None:
         """Drop everything and delete every snapshot of this name.
 
         Always completes: in-flight jobs are awaited, and deletes that fail stay as pending
         intents in the manifest (retried later, shown in :meth:`stats`), never raised.
+        Quarantined buckets are resolved as ``cleared``; their damaged objects are kept.
         """
         self._check_open()
         self.flush()
@@ -1380,6 +1515,13 @@ class DelayIndex(TrackerFront):
             if self._arming is not None:
                 self._arming.cancel()
             live = [b.snapshot_id for b in self._catalog.buckets()]
+            self._pending_quarantine.clear()  # superseded by the resolution below
+            damaged = [q.snapshot_id for q in self._catalog.manifest.quarantined if q.active]
+        try:
+            self._catalog.resolve_quarantine(damaged, "cleared")
+        except (StorageError, ManifestConflictError) as exc:
+            with self._lock:
+                self._warnings.append(f"clear: the quarantine is not resolved: {exc}")
         for snapshot_id in live:
             try:
                 self._catalog.delete_bucket(snapshot_id)
@@ -1401,6 +1543,10 @@ class DelayIndex(TrackerFront):
         """Stop the timer, finish in-flight writes and release the name. Snapshots stay.
 
         Idempotent; afterwards ``add``/``poll`` raise :class:`TrackerClosedError`.
+
+        Raises:
+            StorageError: the mark-delete position could not be persisted (everything else is
+                closed all the same; re-apply the mark after the next open).
         """
         if self._closed:
             return
@@ -1416,15 +1562,27 @@ class DelayIndex(TrackerFront):
             # The mutable bucket (and any bucket whose write failed) is lost with this process:
             # record how much, so inspect tells how much the dispatcher must replay.
             final_status = self._writer_status()
+        failure: Exception | None = None
         try:
             self._catalog.persist_mark_delete(final_status=final_status)
         except (StorageError, ManifestConflictError) as exc:
-            _log.warning("%s: the mark-delete position was not persisted: %s", self._name, exc)
+            failure = exc
         with self._lock:
             self._core.clear()
             self._core = _ClosedCore(self._core)
             self._buckets.clear()
+        mark_lost = failure is not None and self._catalog.mark_pending
         self._catalog.close()
+        if failure is not None and not mark_lost:
+            _log.warning("%s: the final writer status was not recorded: %s", self._name, failure)
+        if mark_lost:
+            # Everything else is closed; the caller must know that acknowledged positions
+            # may come back after a reopen (at-least-once) unless it re-applies its mark.
+            raise StorageError(
+                f"{self._name!r} is closed, but its mark-delete position {self._mark} was not "
+                f"persisted: after a reopen, re-apply the cursor's mark-delete position "
+                f"(set_mark_delete) or positions up to it are delivered again: {failure}"
+            ) from failure
 
     def _shutdown_executor(self) -> None:
         if self._owns_executor:
