@@ -8,8 +8,10 @@ and that an operator can release it or repair it from a dump of the topic.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -345,3 +347,47 @@ def test_a_failing_read_backs_off_per_bucket_and_never_holds_others_back() -> No
     assert set(delivered) == set(schedule) and all(n == 1 for n in delivered.values())
     assert index.stats()["retrying_loads"] == {}
     index.close()
+
+
+def test_cli_repair_rebuilds_from_a_dump_and_release_empties_the_quarantine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from delayindex import FileStorage
+    from delayindex.cli import main
+
+    store = tmp_path / "store"
+    with FileStorage(store) as storage:
+        index = DelayIndex.open(storage, NAME, config(), clock=ManualClock(T0),
+                                executor=InlineExecutor())  # fmt: skip
+        schedule = build(index)
+        victim = index.buckets()[1].snapshot_id
+        assert victim is not None
+        index.close()
+        path = storage.object_path(victim)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    dump = tmp_path / "topic.csv"
+    dump.write_text(
+        "ledger_id,entry_id,deliver_at\n"
+        + "".join(f"{p.ledger_id},{p.entry_id},{t}\n" for p, t in sorted(schedule.items()))
+    )
+    assert main(["repair", str(store), NAME, "--tick-ms", str(TICK)]) == 2  # no --dump
+    capsys.readouterr()
+    assert main(["repair", str(store), NAME, "--dump", str(dump), "--json",
+                 "--tick-ms", str(TICK), "--now-ms", str(T0)]) == 0  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert [q["snapshot_id"] for q in out["quarantined_before"]] == [victim]
+    [repaired] = out["repaired"]
+    assert repaired["damaged_snapshot_id"] == victim and repaired["num_messages"] > 0
+    assert path.read_bytes() == bytes(data)  # the damaged object is kept
+    with FileStorage(store) as storage:
+        index = DelayIndex.open(storage, NAME, config(), clock=ManualClock(T0),
+                                executor=InlineExecutor())  # fmt: skip
+        assert index.quarantined() == []
+        expected = {p: t for p, t in schedule.items() if p.ledger_id <= 3}
+        delivered = drain(index, index._clock, expected)  # type: ignore[arg-type]
+        assert set(delivered) == set(expected)
+        index.close()
+    assert main(["repair", str(store), NAME, "--release"]) == 0
+    assert "nothing is quarantined" in capsys.readouterr().out

@@ -316,6 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_rebuild_commands(sub)
     _add_bench_command(sub)
+    from delayindex.repair_cli import add_repair_command
+
+    add_repair_command(sub, _name, EXIT_CODES_HELP)
     return parser
 
 
@@ -1456,6 +1459,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _fail(args.command, EXIT_STORE_ERROR, "I/O error", exc)
     if args.command in ("rebuild", "verify"):
         return _run_rebuild_command(args, console)
+    if args.command == "repair":
+        from delayindex.repair_cli import run_repair
+
+        return run_repair(args, console)
     if args.command == "bench":
         try:
             return _bench(args, console)
