@@ -388,7 +388,7 @@ def test_json_keys_are_stable(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert set(name) == {
         "name", "version", "buckets", "intents", "dead_letters", "mark_delete", "writer_status",
         "writer", "error", "error_kind", "messages", "snapshot_bytes", "being_written",
-        "next_delivery_ms",
+        "next_delivery_ms", "quarantined",
     }  # fmt: skip
     assert set(name["buckets"][0]) == {
         "start_ledger", "end_ledger", "snapshot_id", "num_segments", "num_messages",

@@ -372,12 +372,24 @@ def test_cli_repair_rebuilds_from_a_dump_and_release_empties_the_quarantine(
         "ledger_id,entry_id,deliver_at\n"
         + "".join(f"{p.ledger_id},{p.entry_id},{t}\n" for p, t in sorted(schedule.items()))
     )
-    assert main(["repair", str(store), NAME, "--tick-ms", str(TICK)]) == 2  # no --dump
+    where = ["--store", str(store), "--name", NAME]
+    # inspect reports the quarantine (found at the first open) and exits 1.
+    with FileStorage(store) as storage:
+        DelayIndex.open(storage, NAME, config(), clock=ManualClock(T0),
+                        executor=InlineExecutor()).close()  # fmt: skip
     capsys.readouterr()
-    assert main(["repair", str(store), NAME, "--dump", str(dump), "--json",
+    assert main(["inspect", "--store", str(store), "--json", "--now-ms", str(T0)]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert any("quarantined" in p and victim in p for p in report["problems"])
+    [q] = report["names"][0]["quarantined"]
+    assert (q["snapshot_id"], q["state"]) == (victim, "active")
+    assert main(["repair", *where, "--tick-ms", str(TICK)]) == 2  # neither --dump nor --release
+    capsys.readouterr()
+    assert main(["repair", *where, "--dump", str(dump), "--json",
                  "--tick-ms", str(TICK), "--now-ms", str(T0)]) == 0  # fmt: skip
     out = json.loads(capsys.readouterr().out)
     assert [q["snapshot_id"] for q in out["quarantined_before"]] == [victim]
+    assert main(["inspect", "--store", str(store), "--now-ms", str(T0)]) == 0
     [repaired] = out["repaired"]
     assert repaired["damaged_snapshot_id"] == victim and repaired["num_messages"] > 0
     assert path.read_bytes() == bytes(data)  # the damaged object is kept
@@ -389,5 +401,5 @@ def test_cli_repair_rebuilds_from_a_dump_and_release_empties_the_quarantine(
         delivered = drain(index, index._clock, expected)  # type: ignore[arg-type]
         assert set(delivered) == set(expected)
         index.close()
-    assert main(["repair", str(store), NAME, "--release"]) == 0
+    assert main(["repair", *where, "--release"]) == 0
     assert "nothing is quarantined" in capsys.readouterr().out

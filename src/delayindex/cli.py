@@ -694,6 +694,23 @@ def _intent_table(
     return table
 
 
+def _quarantine_table(name: NameInfo, now: int) -> Table:
+    """Damaged buckets: active ones wait for ``delayindex repair``; resolved ones only keep
+    their damaged object."""
+    table = Table(
+        title="[red]quarantined buckets[/] (damaged objects are kept)", title_justify="left"
+    )
+    for column in ("ledgers", "messages", "state", "found", "snapshot", "reason"):
+        table.add_column(column, overflow="fold")
+    for q in name.quarantined:
+        state = f"[red]{q.state}[/]" if q.active else q.state
+        table.add_row(
+            f"{q.start_ledger}-{q.end_ledger}", f"{q.num_messages:,}", state,
+            _rel(q.found_ms, now), q.snapshot_id, escape(q.reason),
+        )  # fmt: skip
+    return table
+
+
 def _inspect_human(console: Console, info: StoreInfo, store: Path) -> None:
     now = info.now_ms
     cutoff = "" if not info.tick_ms else f", tick {info.tick_ms} ms"
@@ -765,6 +782,8 @@ def _inspect_human(console: Console, info: StoreInfo, store: Path) -> None:
         if name.dead_letters:
             dead = _intent_table("[red]dead letters[/]", name.dead_letters, now, dead=True)
             console.print(dead)
+        if name.quarantined:
+            console.print(_quarantine_table(name, now))
     console.print()
     _print_problems(console, info.problems(), "every snapshot readable, no dead letters.")
 

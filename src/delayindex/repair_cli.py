@@ -38,8 +38,8 @@ def add_repair_command(sub: Any, name_type: Any, exit_codes_help: str) -> None:
         "restart re-adds their messages (due ones are delivered at once). " + exit_codes_help,
         epilog="Exit 1: the dump lacks positions of a quarantined bucket (nothing changed).",
     )
-    repair.add_argument("store", type=Path, metavar="STORE", help="FileStorage directory")
-    repair.add_argument("name", type=name_type, metavar="NAME", help="the index name")
+    repair.add_argument("--store", required=True, type=Path, help="FileStorage directory")
+    repair.add_argument("--name", required=True, type=name_type, help="the index name")
     repair.add_argument("--dump", type=Path, default=None, help="dump file or directory")
     repair.add_argument("--format", default=None, help="dump format (default: from the names)")
     repair.add_argument("--snapshot", default=None, help="only this quarantined snapshot id")

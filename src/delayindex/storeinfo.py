@@ -29,7 +29,13 @@ from dataclasses import dataclass, replace
 from delayindex.errors import SnapshotCorruptError, SnapshotNotFoundError, StorageError
 from delayindex.storage.base import SnapshotStorage
 from delayindex.storage.file import FileStorage
-from delayindex.storage.manifest import Intent, Manifest, WriterStatus, validate_key
+from delayindex.storage.manifest import (
+    Intent,
+    Manifest,
+    QuarantineRecord,
+    WriterStatus,
+    validate_key,
+)
 
 #: ``error_kind`` values: a damaged object or manifest, a missing snapshot, an I/O failure.
 ERROR_KINDS: tuple[str, ...] = ("corrupt", "missing", "io")
@@ -103,6 +109,8 @@ class NameInfo:
     lock: LockState = LockState(None)
     error: str = ""
     error_kind: str = ""
+    #: Buckets whose snapshot was found damaged or missing (active or resolved; objects kept).
+    quarantined: tuple[QuarantineRecord, ...] = ()
 
     @property
     def messages(self) -> int:
@@ -150,6 +158,12 @@ class StoreInfo:
             out.extend(f"{info.name}: {b.error}" for b in info.buckets if b.error)
             if info.dead_letters:
                 out.append(f"{info.name}: {len(info.dead_letters)} dead letters")
+            out.extend(
+                f"{info.name}: bucket [{q.start_ledger}, {q.end_ledger}] ({q.snapshot_id}) is "
+                f"quarantined, {q.num_messages} messages wait: {q.reason}"
+                for q in info.quarantined
+                if q.active
+            )
         return out
 
 
@@ -286,6 +300,7 @@ def inspect_name(storage: SnapshotStorage, name: str, *, now_ms: int, tick_ms: i
         mark_delete=manifest.mark_delete,
         writer_status=manifest.writer_status,
         lock=lock,
+        quarantined=manifest.quarantined,
     )
 
 

@@ -1471,7 +1471,7 @@ class DelayIndex(QuarantineMixin, TrackerFront):
             if b.state == "quarantined":
                 out.append(
                     f"bucket [{b.start}, {b.end}] ({b.snapshot_id}) is quarantined: repair it "
-                    "(delayindex repair STORE NAME --dump DUMP) or release it "
+                    "(delayindex repair --store STORE --name NAME --dump DUMP) or release it "
                     "(release_quarantined)"
                 )
             elif b.load_failures:
