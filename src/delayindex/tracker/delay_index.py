@@ -544,8 +544,12 @@ class DelayIndex(TrackerFront):
         """Track a message until ``deliver_at`` (epoch ms); see InMemoryTracker.add.
 
         True: tracked (do not deliver yet). False: deliver now (not delayed, or due; a due re-add
-        of a tracked position untracks it). Sealing the mutable bucket happens here when a newer
-        ledger arrives; only its cheap part runs inline.
+        of a tracked position untracks it). A position at or below the mark-delete
+        (:meth:`set_mark_delete`, since the last :meth:`clear`) is acknowledged: never tracked
+        nor delivered, so this returns True (do not deliver) whatever ``deliver_at`` is, even
+        negative or due, and ``len`` does not count it (``stats()["acked_on_add"]`` does).
+        Sealing the mutable bucket happens here when a newer ledger arrives; only its cheap part
+        runs inline.
 
         Raises:
             ValueError: an id is out of range. TypeError: an argument is not an int.
@@ -580,7 +584,8 @@ class DelayIndex(TrackerFront):
     ) -> npt.NDArray[np.bool_]:
         """:meth:`add` each element in order; sequences or int64 arrays of equal length.
 
-        Everything is validated before anything changes. Returns a bool array (True = tracked).
+        Everything is validated before anything changes. Returns a bool array (True = do not
+        deliver: tracked, or at or below the mark-delete as for :meth:`add`).
 
         Raises:
             ValueError: lengths differ, an id is out of range, or a value does not fit int64.
@@ -850,8 +855,9 @@ class DelayIndex(TrackerFront):
 
     def _trim(self, bucket: _Bucket) -> None:
         """Delete a bucket wholly below the mark-delete ledger (lock held). Everything in its
-        ledgers is acknowledged, including positions added after the mark (a rewound cursor),
-        so they are untracked too: nothing stays counted that can no longer be delivered."""
+        ledgers is acknowledged (positions added after the mark at or below it were never
+        tracked), so they are untracked: nothing stays counted that can no longer be
+        delivered."""
         self._core.untrack_ledgers(bucket.start, bucket.end)
         if bucket.state == "memory":
             self._drop_bucket(bucket)
@@ -1225,7 +1231,9 @@ class DelayIndex(TrackerFront):
     def set_mark_delete(self, ledger_id: int, entry_id: int) -> None:
         """Acknowledge every position ``<= (ledger_id, entry_id)``.
 
-        Their indexes are untracked and never delivered; sealed buckets wholly below
+        Their indexes are untracked and never delivered, and a later :meth:`add` of such a
+        position is refused (it returns True and tracks nothing) until :meth:`clear`, which is
+        how a cursor rewind is expressed; sealed buckets wholly below
         ``ledger_id`` whose snapshot is durable are deleted (a bucket straddling the ledger is
         kept). The mark only moves forward; an older mark is ignored. It is persisted in the
         manifest with the next commit (a seal, merge or delete) and by :meth:`close`, so a
