@@ -80,7 +80,7 @@ from delayindex.storage.base import SnapshotStorage
 from delayindex.storage.catalog import Catalog
 from delayindex.storage.manifest import BucketRecord, WriterStatus
 from delayindex.timers import ArmingRule, Timer
-from delayindex.tracker._front import TrackerFront
+from delayindex.tracker._front import TrackerFront, as_count
 from delayindex.tracker.in_memory import _ClosedCore, _diagnose, as_int64_array
 
 _log = logging.getLogger(__name__)
@@ -1102,9 +1102,11 @@ class DelayIndex(TrackerFront):
     # -- delivery -------------------------------------------------------------------------------
 
     def has_message_available(self) -> bool:
-        """Whether some tracked message is due. When not, (re)arms the timer."""
+        """Whether some tracked message is due (False once closed). When not, (re)arms the
+        timer."""
         with self._lock:
-            self._check_open()
+            if self._closed:
+                return False
             now = self._now()
             due = bool(self._core.has_due(now))
             if not due:
@@ -1118,8 +1120,7 @@ class DelayIndex(TrackerFront):
         sorted by position. Loads a bucket's next segment when its placeholder comes due; if
         that load fails, the positions before it are returned and the next call retries.
         """
-        if isinstance(max_messages, bool) or not isinstance(max_messages, int):
-            raise TypeError(f"max_messages must be an int, got {type(max_messages).__name__}")
+        max_messages = as_count(max_messages)
         with self._lock:
             self._check_open()
             now = self._now()
