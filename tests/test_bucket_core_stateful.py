@@ -4,8 +4,9 @@ Both twins get the same operations: adds (with seals whenever ``add`` asks for o
 adds, polls, sealed sources cut to segments with placeholders and "loaded" later, source
 removal, mark-delete, restore from bitmaps, and queries. Every result must be equal and both
 must pass ``_check`` after every step. A plain model (position -> deliver time) checks what the
-contract fixes independently of the twins: nothing is delivered early or twice, and a position
-is delivered only while tracked.
+contract fixes independently of the twins: nothing is delivered early or twice, a position
+is delivered only while tracked, and an add at or below the mark (the highest ``untrack_upto``
+since the last ``clear``) returns 4 (acknowledged: not tracked, not delivered) whatever its time.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class BucketCoreMachine(RuleBasedStateMachine):
         # sid -> every segment of a sealed, not yet settled bucket
         self.segments: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
         self.tracked: dict[tuple[int, int], int] = {}
+        self.mark = (-1, -1)
         self.cutoff = 0
 
     @initialize(
@@ -121,6 +123,9 @@ class BucketCoreMachine(RuleBasedStateMachine):
             self._seal(segment_size)
             code = self._both("add", ledger, entry, t, self.now)
             assert code != 3
+        assert (code == 4) == ((ledger, entry) <= self.mark), (ledger, entry, t, code)
+        if code == 4:
+            return
         if code == 0:
             self.tracked.pop((ledger, entry), None)
         elif code == 1:
@@ -145,7 +150,9 @@ class BucketCoreMachine(RuleBasedStateMachine):
             assert stops[0] == stops[1]
             for i in range(start, stops[0]):
                 key = (int(ls[i]), int(es[i]))
-                if not outs[0][i]:
+                if key <= self.mark:
+                    assert outs[0][i], f"{key} is at or below the mark {self.mark}"
+                elif not outs[0][i]:
                     self.tracked.pop(key, None)
                 else:
                     self.tracked.setdefault(key, int(ts[i]))
@@ -200,13 +207,24 @@ class BucketCoreMachine(RuleBasedStateMachine):
     @rule(ledger=ledgers, entry=entries)
     def mark_delete(self, ledger: int, entry: int) -> None:
         self._both("untrack_upto", ledger, entry)
+        self.mark = max(self.mark, (ledger, entry))
         for key in [k for k in self.tracked if k <= (ledger, entry)]:
             del self.tracked[key]
 
+    @rule()
+    def clear(self) -> None:
+        """A cursor rewind: everything goes, the mark too (adds below it are tracked again)."""
+        self._both("clear")
+        self.tracked.clear()
+        self.pending.clear()
+        self.segments.clear()
+        self.mark = (-1, -1)
+
     @rule(ledger=ledgers, values=st.lists(entries, max_size=3))
     def restore(self, ledger: int, values: list[int]) -> None:
-        # Only positions not yet tracked anywhere: recovery restores into an empty ledger.
-        if any(k[0] == ledger for k in self.tracked):
+        # Only positions not yet tracked anywhere: recovery restores into an empty ledger, and
+        # before the mark is applied (so never at or below it).
+        if any(k[0] == ledger for k in self.tracked) or ledger <= self.mark[0]:
             return
         self._both("restore", ledger, BitMap(values))
         for entry in values:

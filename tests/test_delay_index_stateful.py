@@ -194,8 +194,8 @@ class DelayIndexMachine(RuleBasedStateMachine):
         return ledger, entry
 
     def floor(self) -> Pos | None:
-        """Adds stay above this: the dispatcher's mark and the index's (what adding a position
-        at or below the index's mark does is not specified; see the last test below)."""
+        """Adds stay above this: the dispatcher's mark and the index's (adds at or below the
+        index's mark are :meth:`add_acknowledged`'s)."""
         marks = [m for m in (self.acked, self.mark) if m is not None]
         return max(marks) if marks else None
 
@@ -325,6 +325,37 @@ class DelayIndexMachine(RuleBasedStateMachine):
             assert self.oracle.add(ledger, entry, deliver_at) is got
         expected = self.model_add((ledger, entry), deliver_at)
         assert got is expected, f"add({ledger}, {entry}, {deliver_at}) = {got}"
+
+    @rule(
+        picks=st.lists(st.integers(0, 2**16), min_size=1, max_size=4),
+        offsets_=st.lists(offsets, min_size=4, max_size=4),
+        batch=st.booleans(),
+    )
+    @guarded
+    def add_acknowledged(self, picks: list[int], offsets_: list[int | None], batch: bool) -> None:
+        """Add positions at or below the index's mark (a rewound cursor, a replay): never
+        tracked nor delivered, whatever their deliver time, and ``add`` says "do not deliver"."""
+        assert self.index is not None
+        mark = self.mark
+        if mark is None:
+            return
+        known = sorted({p for p in self.seen if p <= mark} | {mark, (mark[0], 0), (0, 0)})
+        rows = [
+            (*known[pick % len(known)], self.deliver_at(offset))
+            for pick, offset in zip(picks, offsets_, strict=False)
+        ]
+        before = len(self.index)
+        if batch:
+            ledgers, entry_ids, times = (
+                np.array(c, dtype=np.int64) for c in zip(*rows, strict=True)
+            )
+            assert self.index.add_many(ledgers, entry_ids, times).all(), rows
+        else:
+            for ledger, entry, deliver_at in rows:
+                assert self.index.add(ledger, entry, deliver_at) is True, (ledger, entry)
+        assert len(self.index) == before
+        assert not any(self.index.contains(lg, e) for lg, e, _ in rows)
+        event(f"add below the mark: {'add_many' if batch else 'add'}")
 
     @rule(count=st.integers(1, 8), offset=st.integers(1, 40), spread=st.integers(0, 10))
     @guarded
@@ -655,13 +686,10 @@ def test_mark_delete_persists_after_a_commit_whose_outcome_was_lost() -> None:
         assert (1, 0) not in index.poll(100)
 
 
-def test_a_tracked_position_below_the_mark_is_still_delivered() -> None:
-    """What ``add`` reports as tracked is delivered, even at or below the mark-delete position.
-
-    (Say the dispatcher's cursor was rewound.) Whether such an add should be refused is for the
-    contract to say; what must not happen is the current outcome: the add returns True, ``len``
-    and ``contains`` count the position, but its bucket, wholly below the mark's ledger, is
-    trimmed as soon as it is sealed, so the position is never delivered and never leaves.
+def test_a_position_added_below_the_mark_is_neither_tracked_nor_delivered() -> None:
+    """A position at or below the mark-delete is acknowledged (API.md, "Acknowledgement"):
+    ``add`` returns True (do not deliver) but does not track it, so its sealed bucket and the
+    mutable one agree (before the fix the mutable one delivered it, the sealed one dropped it).
     """
     clock = ManualClock(T0)
     config = TrackerConfig(min_index_count_per_bucket=1, max_num_buckets=0)
@@ -670,8 +698,9 @@ def test_a_tracked_position_below_the_mark_is_still_delivered() -> None:
     with index:
         index.set_mark_delete(5, 0)
         assert index.add(1, 0, due)
-        assert index.add(2, 0, due)  # seals [1, 1]
+        assert index.add(2, 0, due)  # would seal [1, 1]
+        assert index.add(5, 0, due)  # in what would be the mutable bucket
+        assert len(index) == 0 and not index.contains(1, 0) and not index.contains(5, 0)
         clock.set(due)
-        delivered = index.poll(100)
-        assert (1, 0) in delivered or not index.contains(1, 0)
-        assert len(index) == 0
+        assert index.poll(100) == []
+        assert index.stats()["acked_on_add"] == 3

@@ -533,3 +533,40 @@ def test_step_hook_must_be_callable(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="step_hook"):
         FileStorage(tmp_path / "store", step_hook="object.write")  # type: ignore[arg-type]
     assert not (tmp_path / "store").exists()  # refused before anything was created
+
+
+# -- a directory that cannot be created or used ---------------------------------------------------
+
+
+def test_path_under_a_regular_file_raises_storage_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    target = blocker / "store"
+    with pytest.raises(StorageError, match="a-file/store") as info:
+        FileStorage(target)
+    assert isinstance(info.value.__cause__, NotADirectoryError)
+    assert "directory" in str(info.value)
+
+
+def test_path_that_is_a_regular_file_raises_storage_error(tmp_path: Path) -> None:
+    target = tmp_path / "store"
+    target.write_text("")
+    with pytest.raises(StorageError, match="store") as info:
+        FileStorage(target)
+    assert isinstance(info.value.__cause__, OSError)
+
+
+def test_permission_denied_raises_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Tests run as root, which ignores directory permissions: make mkdir refuse instead.
+    def refuse(path: Any, mode: int = 0o777, *args: Any, **kwargs: Any) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(os, "mkdir", refuse)
+    target = tmp_path / "read-only" / "store"
+    with pytest.raises(StorageError) as info:
+        FileStorage(target)
+    assert str(target) in str(info.value) and "Permission denied" in str(info.value)
+    assert isinstance(info.value.__cause__, PermissionError)
+    assert not target.exists()

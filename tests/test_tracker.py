@@ -169,6 +169,10 @@ def test_due_readd_of_untracked_position_does_not_count(make: Factory) -> None:
         ((1, "0", T0 + 5000), TypeError),
         ((1, 0, float(T0 + 5000)), TypeError),
         ((None, 0, T0 + 5000), TypeError),
+        ((True, 0, T0 + 5000), TypeError),
+        ((1, False, T0 + 5000), TypeError),
+        ((1, 0, True), TypeError),
+        ((np.bool_(True), 0, T0 + 5000), TypeError),
     ],
 )
 def test_bad_add_raises_and_changes_nothing(
@@ -319,6 +323,27 @@ def test_poll_rejects_non_int(make: Factory) -> None:
         tracker.poll(True)
 
 
+class _Three:
+    def __index__(self) -> int:
+        return 3
+
+
+@pytest.mark.parametrize(
+    ("max_messages", "expected"),
+    [(np.int64(5), 3), (np.uint8(2), 2), (np.int32(-1), 0), (_Three(), 3), (np.int64(0), 0)],
+)
+def test_poll_accepts_any_integral(
+    make: Factory, clock: ManualClock, max_messages: Any, expected: int
+) -> None:
+    tracker = make()
+    for entry in range(3):
+        tracker.add(1, entry, T0 + 5000)
+    clock.set(T0 + 10_000)
+    assert tracker.poll(max_messages) == [Position(1, e) for e in range(expected)]
+    with pytest.raises(TypeError, match="max_messages"):
+        tracker.poll(np.bool_(True))
+
+
 def test_poll_huge_max(make: Factory, clock: ManualClock) -> None:
     tracker = make()
     tracker.add(1, 0, T0 + 5000)
@@ -451,6 +476,8 @@ def test_close_and_context_manager(make: Factory, clock: ManualClock) -> None:
     assert tracker.closed
     assert len(tracker) == 0 and not tracker.contains(1, 1)
     assert tracker.next_delivery_time() is None
+    clock.set(T0 + 10_000)
+    assert tracker.has_message_available() is False  # like contains: no error once closed
     with pytest.raises(TrackerClosedError):
         tracker.add(1, 2, T0 + 5000)
     with pytest.raises(DelayIndexError):
@@ -468,6 +495,8 @@ def test_contains_validation(make: Factory) -> None:
         tracker.contains(0, 2**32)
     with pytest.raises(TypeError):
         tracker.contains(0.5, 0)
+    with pytest.raises(TypeError):
+        tracker.contains(True, 0)
     assert (1, 1) not in tracker
 
 

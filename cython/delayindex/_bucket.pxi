@@ -87,8 +87,10 @@ cdef object _column(object values):
 cdef class BucketCore:
     """Dedup index + mutable/direct heaps + segment-source merge (time passed in).
 
-    ``add`` returns 0 (deliver now), 1 (tracked), 2 (already tracked) or 3 (seal the mutable
-    bucket first; nothing was changed).
+    ``add`` returns 0 (deliver now), 1 (tracked), 2 (already tracked), 3 (seal the mutable
+    bucket first; nothing was changed) or 4 (acknowledged: at or below the mark, the highest
+    ``untrack_upto`` position since the last ``clear``; not tracked and never to be delivered,
+    whatever its ``deliver_at``; counted as ``acked_on_add``).
     """
 
     cdef LedgerIndex index        # the single dedup index; len(core) == len(index)
@@ -113,7 +115,7 @@ cdef class BucketCore:
     cdef bint fixed_delay
     cdef int64_t highest
     cdef int64_t n_add_calls, n_added, n_duplicates, n_rejected, n_untracked_due
-    cdef int64_t n_delivered, n_skipped, n_polls, n_direct
+    cdef int64_t n_delivered, n_skipped, n_polls, n_direct, n_acked_on_add
 
     def __cinit__(self, int64_t tick_ms, bint strict, int64_t fixed_delay_lookahead,
                   int64_t min_index_count_per_bucket):
@@ -295,6 +297,11 @@ cdef class BucketCore:
     cdef int cadd(self, int64_t ledger, int64_t entry, int64_t deliver_at,
                   int64_t cutoff) except -1:
         cdef bint sealed, to_mutable
+        if ledger < self.mark_ledger or (ledger == self.mark_ledger and entry <= self.mark_entry):
+            # Acknowledged: never delivered nor tracked, due or not (checked before expiry).
+            self.n_add_calls += 1
+            self.n_acked_on_add += 1
+            return 4
         if deliver_at < 0 or deliver_at <= cutoff:
             # Expiry before dedup: a due re-add untracks (Pulsar #26230).
             self.n_add_calls += 1
@@ -323,9 +330,9 @@ cdef class BucketCore:
                     return 3
                 self.mutable_start = self.mutable_end = -1
         self.n_add_calls += 1
-        if (ledger < self.mark_ledger or (ledger == self.mark_ledger and entry <= self.mark_entry)
-                or (self.stale and (ledger, entry) in self.stale)):
-            # An old node may remain (a due re-add, or a mark-delete): purge it first.
+        if self.stale and (ledger, entry) in self.stale:
+            # An old node may remain (a due re-add): purge it first. (A position at or below
+            # the mark never gets here, so a mark-deleted node is never re-tracked.)
             self.mutable.remove_position(ledger, entry)
             self.direct.remove_position(ledger, entry)
             self.stale.discard((ledger, entry))
@@ -355,7 +362,8 @@ cdef class BucketCore:
 
     def add_many(self, const int64_t[:] ledgers not None, const int64_t[:] entries not None,
                  const int64_t[:] deliver_ats not None, now, out not None, Py_ssize_t start):
-        """``add`` elements ``start..`` in order, writing ``out[i]`` (True = tracked).
+        """``add`` elements ``start..`` in order, writing ``out[i]`` (True = do not deliver:
+        tracked, already tracked, or at or below the mark).
 
         Returns the index of the first element that needs a seal first (nothing done for it),
         or the length when all were added. With ``start == 0`` everything is validated first.
@@ -837,6 +845,7 @@ cdef class BucketCore:
             "skipped_on_pop": self.n_skipped,
             "polls": self.n_polls,
             "direct_adds": self.n_direct,
+            "acked_on_add": self.n_acked_on_add,
             "fixed_delay": bool(self.fixed_delay),
             "highest_deliver_at": self.highest,
         }

@@ -6,7 +6,8 @@ Each class here has a pure-Python twin in ``delayindex._pure`` with the same API
 """
 
 cimport cython
-from cpython.long cimport PyLong_AsLongLong, PyLong_Check
+from cpython.bool cimport PyBool_Check
+from cpython.long cimport PyLong_AsLongLong, PyLong_CheckExact
 from libc.stdint cimport int64_t, uint8_t
 from libc.time cimport timespec
 
@@ -162,8 +163,10 @@ cdef Py_ssize_t BITMAP_OVERHEAD = 64
 
 
 cdef inline int64_t as_i64(object value) except? -1:
-    """Convert an int (or anything with __index__) to int64; floats raise TypeError."""
-    if not PyLong_Check(value):
+    """Convert an int (or anything with __index__) to int64; floats and bools raise TypeError."""
+    if not PyLong_CheckExact(value):
+        if PyBool_Check(value):  # an int subclass, but never a position or a time
+            raise TypeError("expected an int, got bool")
         value = _index(value)
     return PyLong_AsLongLong(value)
 

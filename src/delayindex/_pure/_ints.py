@@ -9,8 +9,14 @@ INT64_MAX = 2**63 - 1
 
 
 def as_i64(value: object) -> int:
-    """Convert to int64: ``TypeError`` for non-integers, ``OverflowError`` beyond int64."""
-    number = value if type(value) is int else index(value)  # type: ignore[arg-type]
+    """Convert to int64: ``TypeError`` for non-integers and bools, ``OverflowError`` beyond
+    int64."""
+    if type(value) is int:
+        number = value
+    elif type(value) is bool:  # an int subclass, but never a position or a time
+        raise TypeError("expected an int, got bool")
+    else:
+        number = index(value)  # type: ignore[arg-type]
     if not INT64_MIN <= number <= INT64_MAX:
         raise OverflowError("int too big to convert")
     return int(number)

@@ -46,8 +46,8 @@ from delayindex._pure.index import LedgerIndex
 from delayindex.model import MAX_ENTRY_ID, Position
 
 Int64Array = npt.NDArray[np.int64]
-#: ``add`` result codes.
-DELIVER, TRACKED, DUPLICATE, SEAL_FIRST = 0, 1, 2, 3
+#: ``add`` result codes (``ACKED``: at or below the mark-delete, dropped; do not deliver).
+DELIVER, TRACKED, DUPLICATE, SEAL_FIRST, ACKED = 0, 1, 2, 3, 4
 
 
 def _column(values: object) -> Int64Array:
@@ -93,9 +93,12 @@ class _Source:
 class BucketCore(TickedCore):
     """Dedup index + mutable/direct heaps + segment-source merge (time passed in).
 
-    ``add`` returns 0 (deliver now), 1 (tracked), 2 (already tracked) or 3 (the mutable bucket
+    ``add`` returns 0 (deliver now), 1 (tracked), 2 (already tracked), 3 (the mutable bucket
     must be sealed first: call :meth:`seal`, register the bucket, then add again; nothing was
-    changed).
+    changed) or 4 (acknowledged: the position is at or below the mark, the highest
+    :meth:`untrack_upto` position since the last :meth:`clear`; it is not tracked and must not
+    be delivered, whatever its ``deliver_at``: not delayed and due ones included, since an
+    acknowledged position is never delivered; counted as ``acked_on_add``).
     """
 
     def __init__(
@@ -135,7 +138,7 @@ class BucketCore(TickedCore):
         self._highest = 0
         self._n = dict.fromkeys(
             ("add_calls", "added", "duplicates", "rejected", "untracked_on_due_add",
-             "delivered", "skipped_on_pop", "polls", "direct_adds"),
+             "delivered", "skipped_on_pop", "polls", "direct_adds", "acked_on_add"),
             0,
         )  # fmt: skip
 
@@ -257,6 +260,12 @@ class BucketCore(TickedCore):
 
     def _add(self, ledger: int, entry: int, deliver_at: int, cutoff: int) -> int:
         n = self._n
+        mark = self._mark
+        if ledger <= mark[0] and (ledger, entry) <= mark:
+            # Acknowledged: never delivered nor tracked, due or not (checked before expiry).
+            n["add_calls"] += 1
+            n["acked_on_add"] += 1
+            return ACKED
         if deliver_at < 0 or deliver_at <= cutoff:
             n["add_calls"] += 1
             self._fixed_delay = False
@@ -283,8 +292,9 @@ class BucketCore(TickedCore):
                     return SEAL_FIRST
                 self._mutable_start = self._mutable_end = -1
         n["add_calls"] += 1
-        if (ledger, entry) in self._stale or (ledger, entry) <= self._mark:
-            # An old node may remain (a due re-add, or a mark-delete): purge it first.
+        if self._stale and (ledger, entry) in self._stale:
+            # An old node may remain (a due re-add): purge it first. (A position at or below
+            # the mark never gets here, so a mark-deleted node is never re-tracked.)
             self._mutable.remove(ledger, entry)
             self._direct.remove(ledger, entry)
             self._stale.discard((ledger, entry))
@@ -319,7 +329,8 @@ class BucketCore(TickedCore):
         out: npt.NDArray[np.bool_],
         start: int,
     ) -> int:
-        """``add`` elements ``start..`` in order, writing ``out[i]`` (True = tracked).
+        """``add`` elements ``start..`` in order, writing ``out[i]`` (True = do not deliver:
+        tracked, already tracked, or at or below the mark).
 
         Returns the index of the first element that needs a seal first (nothing done for it),
         or the length when all were added. With ``start == 0`` everything is validated before

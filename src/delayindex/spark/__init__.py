@@ -23,6 +23,7 @@ from delayindex.spark.job import (
 )
 from delayindex.spark.session import (
     SparkUnavailableError,
+    check_workers,
     find_java_home,
     java_major_version,
     local_session,
@@ -37,6 +38,7 @@ __all__ = [
     "DumpRebuildReport",
     "DumpVerifyReport",
     "SparkUnavailableError",
+    "check_workers",
     "find_java_home",
     "java_major_version",
     "local_session",

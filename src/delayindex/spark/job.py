@@ -84,7 +84,7 @@ from delayindex.dump import DumpColumns, DumpError, RejectReport
 from delayindex.errors import SnapshotExistsError
 from delayindex.snapshot.codec import encode_snapshot
 from delayindex.snapshot.format import PreparedSegments, SnapshotMetadata
-from delayindex.spark.session import ARROW_BATCH_ROWS
+from delayindex.spark.session import ARROW_BATCH_ROWS, check_workers
 from delayindex.storage.catalog import Catalog, CrashHook
 from delayindex.storage.file import FileStorage
 from delayindex.storage.manifest import BucketRecord
@@ -824,12 +824,15 @@ def rebuild_dump(
         StoreLockedError: another writer holds ``name``.
         StorageError, ManifestConflictError: the store failed; reservations were rolled back.
         TypeError, ValueError: bad arguments (checked before anything runs).
+        SparkUnavailableError: the session's Python workers cannot import delayindex
+            (checked once per application, before the first stage).
     """
     started = time.perf_counter()
     config, now, mark = _check_args(name, config, now_ms, mark_delete)
     if progress is not None and not callable(progress):
         raise TypeError("progress must be callable")
     source = _resolve_dump(dump, fmt)
+    check_workers(spark)  # before any stage: a clear error if the workers lack delayindex
     n_parts = _partitions(spark, source, partitions)
     root = Path(os.path.abspath(os.fspath(store)))
     storage = FileStorage(root)
@@ -983,6 +986,7 @@ def verify_dump(
     Raises:
         DumpError, FileNotFoundError: as for :func:`rebuild_dump`; also for a missing store.
         TypeError, ValueError: bad arguments.
+        SparkUnavailableError: as for :func:`rebuild_dump` (``spark`` given).
     """
     started = time.perf_counter()
     config, now, mark = _check_args(name, config, now_ms, mark_delete)
@@ -994,6 +998,7 @@ def verify_dump(
         columns, rejects = dumpmod.read_dump(dump, fmt, strict=strict)
     else:
         source = _resolve_dump(dump, fmt)
+        check_workers(spark)
         n_parts = _partitions(spark, source, partitions)
         if scratch is None:
             work = Path(tempfile.mkdtemp(prefix="delayindex-verify-"))

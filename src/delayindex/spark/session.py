@@ -12,6 +12,11 @@ console progress bars, Arrow on with 100 000-row batches, a local master's drive
 127.0.0.1, a private temporary ``spark.local.dir`` and warehouse (removed at exit), and log level
 ERROR from the JVM's first line on (a log4j2 configuration file, not ``setLogLevel`` alone).
 
+:func:`check_workers` runs once per Spark application, before a job's first stage: a one-task job
+whose Python worker imports delayindex. A session made elsewhere (``getOrCreate`` in user code,
+spark-submit) may start workers with a Python lacking delayindex; without the check they fail
+deep inside the first real stage with a bare ``ModuleNotFoundError``.
+
 Invariants: nothing here imports pyspark at module import time (``import delayindex.spark`` works
 without the ``spark`` extra; using it raises :class:`SparkUnavailableError` naming the extra).
 JVM options and the driver memory only take effect when this call starts the JVM: the first
@@ -29,7 +34,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +74,17 @@ _JVM_DIRS = ("/usr/lib/jvm", "/usr/java", "/opt/java", "/Library/Java/JavaVirtua
 
 class SparkUnavailableError(DelayIndexError, RuntimeError):
     """pyspark (the ``spark`` extra) or a suitable Java is missing; the message says which."""
+
+
+#: Spark application ids whose Python workers were seen to import delayindex.
+_WORKERS_OK: set[str] = set()
+_WORKERS_LOCK = threading.Lock()
+_WORKER_FIX = (
+    "set PYSPARK_PYTHON (or the spark.pyspark.python setting) to a Python interpreter that has "
+    "delayindex installed, e.g. this process's own ({python}), before the session starts, or "
+    "install delayindex (with its dependencies) on every worker; "
+    "delayindex.spark.local_session does the former for a local session"
+)
 
 
 def java_major_version(java: str | os.PathLike[str]) -> int | None:
@@ -138,6 +155,55 @@ def require_spark() -> None:
             f"{', '.join(missing)} not installed: install the spark extra "
             "(pip install 'delayindex[spark]')"
         )
+
+
+def check_workers(spark: Any) -> str | None:
+    """Check once per Spark application that its Python workers can import delayindex.
+
+    Runs a one-partition job whose task imports delayindex and reports its version and path
+    (returned, e.g. ``"0.1.0 /site-packages/delayindex/__init__.py"``); later calls for the
+    same application return None at once. Sessions without a SparkContext (Spark Connect) are
+    not checked (None).
+
+    Raises:
+        SparkUnavailableError: the workers cannot import delayindex, or cannot run a Python
+            task at all; the message says how to fix it.
+    """
+    try:
+        sc = spark.sparkContext
+        app = str(sc.applicationId)
+    except Exception:  # Spark Connect has no SparkContext: nothing to check
+        return None
+    with _WORKERS_LOCK:
+        if app in _WORKERS_OK:
+            return None
+
+    def probe(_rows: Iterable[Any]) -> Iterator[str]:
+        # Pickled by value (a local function): the worker needs no delayindex to load it.
+        import sys as worker_sys
+
+        try:
+            import delayindex
+        except ImportError as exc:
+            yield f"!{worker_sys.executable}: {type(exc).__name__}: {exc}"
+            return
+        yield f"{delayindex.__version__} {delayindex.__file__}"
+
+    fix = _WORKER_FIX.format(python=sys.executable)
+    try:
+        answers = sc.parallelize([0], 1).mapPartitions(probe).collect()
+    except Exception as exc:
+        missing = "ModuleNotFoundError" in str(exc) or "No module named" in str(exc)
+        what = "cannot import a module they need" if missing else "cannot run a Python task"
+        raise SparkUnavailableError(f"Spark's Python workers {what}: {fix}") from exc
+    answer = str(answers[0]) if answers else "!no answer from the workers"
+    if answer.startswith("!"):
+        raise SparkUnavailableError(
+            f"Spark's Python workers cannot import delayindex (worker {answer[1:]}): {fix}"
+        )
+    with _WORKERS_LOCK:
+        _WORKERS_OK.add(app)
+    return answer
 
 
 def local_session(

@@ -65,7 +65,12 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 
-from delayindex.errors import SnapshotExistsError, SnapshotNotFoundError, StoreLockedError
+from delayindex.errors import (
+    SnapshotExistsError,
+    SnapshotNotFoundError,
+    StorageError,
+    StoreLockedError,
+)
 from delayindex.storage.base import BaseStorage, ObjectInfo, ObjectSource
 from delayindex.storage.manifest import KEY_PATTERN
 
@@ -117,6 +122,9 @@ class FileStorage(BaseStorage):
             ``removed_temp_files``); False leaves ``tmp/`` alone, for read-only tools.
         step_hook: called with a step name before every durable filesystem step (the table in
             the module docs); a test seam for crash injection.
+
+    Raises:
+        StorageError: the directory cannot be created or used (chained to the OSError).
     """
 
     def __init__(
@@ -136,14 +144,21 @@ class FileStorage(BaseStorage):
         self.manifests_dir = self.root / "manifests"
         self.locks_dir = self.root / "locks"
         self.tmp_dir = self.root / "tmp"
-        created = False
-        for directory in (self.objects_dir, self.manifests_dir, self.locks_dir, self.tmp_dir):
-            if not directory.is_dir():
-                directory.mkdir(parents=True, exist_ok=True)
-                created = True
-        if created:
-            _fsync_dir(self.root)
-        self.removed_temp_files = self.remove_stale_temp_files() if clean_tmp else []
+        try:
+            created = False
+            for directory in (self.objects_dir, self.manifests_dir, self.locks_dir, self.tmp_dir):
+                if not directory.is_dir():
+                    directory.mkdir(parents=True, exist_ok=True)
+                    created = True
+            if created:
+                _fsync_dir(self.root)
+            self.removed_temp_files = self.remove_stale_temp_files() if clean_tmp else []
+        except OSError as exc:
+            raise StorageError(
+                f"cannot use {str(self.root)!r} as a FileStorage directory "
+                f"({type(exc).__name__}: {exc.strerror or exc}): pass a directory path whose "
+                "parents are directories and that this process may create and write"
+            ) from exc
 
     def __repr__(self) -> str:
         return f"FileStorage({str(self.root)!r})"

@@ -86,7 +86,7 @@ from delayindex.tracker._damage import (
     QuarantineMixin,
     damage_reason,
 )
-from delayindex.tracker._front import TrackerFront
+from delayindex.tracker._front import TrackerFront, as_count
 from delayindex.tracker.in_memory import _ClosedCore, _diagnose, as_int64_array
 
 _log = logging.getLogger(__name__)
@@ -589,8 +589,12 @@ class DelayIndex(QuarantineMixin, TrackerFront):
         """Track a message until ``deliver_at`` (epoch ms); see InMemoryTracker.add.
 
         True: tracked (do not deliver yet). False: deliver now (not delayed, or due; a due re-add
-        of a tracked position untracks it). Sealing the mutable bucket happens here when a newer
-        ledger arrives; only its cheap part runs inline.
+        of a tracked position untracks it). A position at or below the mark-delete
+        (:meth:`set_mark_delete`, since the last :meth:`clear`) is acknowledged: never tracked
+        nor delivered, so this returns True (do not deliver) whatever ``deliver_at`` is, even
+        negative or due, and ``len`` does not count it (``stats()["acked_on_add"]`` does).
+        Sealing the mutable bucket happens here when a newer ledger arrives; only its cheap part
+        runs inline.
 
         Raises:
             ValueError: an id is out of range. TypeError: an argument is not an int.
@@ -625,7 +629,8 @@ class DelayIndex(QuarantineMixin, TrackerFront):
     ) -> npt.NDArray[np.bool_]:
         """:meth:`add` each element in order; sequences or int64 arrays of equal length.
 
-        Everything is validated before anything changes. Returns a bool array (True = tracked).
+        Everything is validated before anything changes. Returns a bool array (True = do not
+        deliver: tracked, or at or below the mark-delete as for :meth:`add`).
 
         Raises:
             ValueError: lengths differ, an id is out of range, or a value does not fit int64.
@@ -895,8 +900,9 @@ class DelayIndex(QuarantineMixin, TrackerFront):
 
     def _trim(self, bucket: _Bucket) -> None:
         """Delete a bucket wholly below the mark-delete ledger (lock held). Everything in its
-        ledgers is acknowledged, including positions added after the mark (a rewound cursor),
-        so they are untracked too: nothing stays counted that can no longer be delivered."""
+        ledgers is acknowledged (positions added after the mark at or below it were never
+        tracked), so they are untracked: nothing stays counted that can no longer be
+        delivered."""
         self._core.untrack_ledgers(bucket.start, bucket.end)
         if bucket.state in ("quarantined", "released"):
             self._forget_quarantined(bucket, "acknowledged")  # the damaged object stays
@@ -1150,9 +1156,11 @@ class DelayIndex(QuarantineMixin, TrackerFront):
     # -- delivery -------------------------------------------------------------------------------
 
     def has_message_available(self) -> bool:
-        """Whether some tracked message is due. When not, (re)arms the timer."""
+        """Whether some tracked message is due (False once closed). When not, (re)arms the
+        timer."""
         with self._lock:
-            self._check_open()
+            if self._closed:
+                return False
             now = self._now()
             due = bool(self._core.has_due(now))
             if not due:
@@ -1166,8 +1174,7 @@ class DelayIndex(QuarantineMixin, TrackerFront):
         sorted by position. Loads a bucket's next segment when its placeholder comes due; if
         that load fails, the positions before it are returned and the next call retries.
         """
-        if isinstance(max_messages, bool) or not isinstance(max_messages, int):
-            raise TypeError(f"max_messages must be an int, got {type(max_messages).__name__}")
+        max_messages = as_count(max_messages)
         with self._lock:
             self._check_open()
             now = self._now()
@@ -1303,7 +1310,9 @@ class DelayIndex(QuarantineMixin, TrackerFront):
     def set_mark_delete(self, ledger_id: int, entry_id: int) -> None:
         """Acknowledge every position ``<= (ledger_id, entry_id)``.
 
-        Their indexes are untracked and never delivered; sealed buckets wholly below
+        Their indexes are untracked and never delivered, and a later :meth:`add` of such a
+        position is refused (it returns True and tracks nothing) until :meth:`clear`, which is
+        how a cursor rewind is expressed; sealed buckets wholly below
         ``ledger_id`` whose snapshot is durable are deleted (a bucket straddling the ledger is
         kept). The mark only moves forward; an older mark is ignored. It is persisted in the
         manifest with the next commit (a seal, merge or delete) and by :meth:`close`, so a

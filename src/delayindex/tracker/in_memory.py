@@ -27,7 +27,7 @@ from delayindex.config import TrackerConfig
 from delayindex.errors import TrackerClosedError
 from delayindex.model import MAX_ENTRY_ID, MAX_TIME, MIN_TIME, Position
 from delayindex.timers import ArmingRule, Timer
-from delayindex.tracker._front import TrackerFront
+from delayindex.tracker._front import TrackerFront, as_count
 
 _DEFAULT_CONFIG = TrackerConfig()
 _INT_LIKE = "integer"
@@ -137,8 +137,11 @@ class InMemoryTracker(TrackerFront):
     # -- delivering ---------------------------------------------------------------------------
 
     def has_message_available(self) -> bool:
-        """Whether some tracked message is due. When not, (re)arms the timer (Pulsar #10078)."""
+        """Whether some tracked message is due (False once closed). When not, (re)arms the timer
+        (Pulsar #10078)."""
         with self._lock:
+            if self._closed:
+                return False
             now = self._now()
             due = bool(self._core.has_due(now))
             if not due:
@@ -151,8 +154,7 @@ class InMemoryTracker(TrackerFront):
         Positions are selected in ``(deliver_at, ledger_id, entry_id)`` order and returned
         sorted by position. ``max_messages <= 0`` returns ``[]``. Re-arms the timer.
         """
-        if isinstance(max_messages, bool) or not isinstance(max_messages, int):
-            raise TypeError(f"max_messages must be an int, got {type(max_messages).__name__}")
+        max_messages = as_count(max_messages)
         with self._lock:
             now = self._now()
             out: list[Position] = self._core.poll(min(max_messages, MAX_TIME), now)
@@ -290,7 +292,9 @@ def _diagnose(**values: object) -> None:
         "deliver_at": (MIN_TIME, MAX_TIME),
     }
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got bool")
+        if not isinstance(value, int):
             try:
                 value = value.__index__()  # type: ignore[attr-defined]
             except AttributeError:
