@@ -1083,6 +1083,8 @@ class DelayIndex(TrackerFront):
                 for b in sources:
                     if self._buckets.get(b.sid) is b:
                         self._retire(b)
+                self._merge_failures = 0
+                self._maybe_merge()  # still too many buckets? merges chain until they fit
                 return
             assert metadata is not None
             self._merge_succeeded(sources, epoch, record, metadata)
