@@ -904,7 +904,7 @@ class DelayIndex(TrackerFront):
     def _maybe_retry_failures(self, now: int) -> None:
         """Queue the retries whose backoff has run out (lock held): failed snapshot writes and
         deletes the group commit deferred, a merge whose outcome is unknown, merging after a
-        failed merge, and the catalog's failed delete intents.
+        failed merge, the catalog's failed delete intents and leftover create intents.
 
         Driven by the index's clock: failures wait ``delete_retry_delay_ms`` (doubling per
         failure); delete intents move to the dead letters after ``max_delete_attempts``.
@@ -924,7 +924,12 @@ class DelayIndex(TrackerFront):
             self._resume_merges(now)
         if self._retry_queued or self._unresolved_merge is not None:
             return
-        due = [i.next_attempt_ms for i in self._catalog.manifest.intents if i.kind == "delete"]
+        intents = self._catalog.manifest.intents
+        due = [i.next_attempt_ms for i in intents if i.kind == "delete"]
+        if not self._persist_scheduled and not self._merge_in_flight:
+            # No create is running, so a create intent is a failed rollback's leftover: the
+            # same retry rolls it back now (else it waits for the next open).
+            due += [now for i in intents if i.kind == "create"]
         if not due or min(due) > now:
             return
         self._retry_queued = True
