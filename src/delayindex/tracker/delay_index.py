@@ -24,11 +24,15 @@ snapshot creation and deletion), a clock, a timer and a background executor:
   ``LOAD_BATCH_INDEXES``; the only load in flight, under the lock) and resumes. A failed load
   changes nothing; the next ``poll`` retries it.
 * **Merge**: when more than ``max_num_buckets`` buckets are sealed, up to four adjacent durable
-  buckets with unloaded segments and the fewest messages are merged on the executor: all their
-  segments are read, filtered to still-tracked positions, re-cut and written; the sources stay
-  live until the merged snapshot is durable (one manifest commit swaps them), so a failed merge
-  changes nothing. The merged range is registered when the merge starts, so no bucket can claim
-  a ledger in the gaps between the sources. Merges chain until the count fits.
+  buckets with the fewest messages are merged on the executor, whether or not their segments
+  are loaded: all their segments are read back, filtered to still-tracked positions, re-cut and
+  written; the sources (and their in-memory runs) stay live until the merged snapshot is durable
+  (one manifest commit swaps them), so a failed merge changes nothing. The merged range is
+  registered when the merge starts, so no bucket can claim a ledger in the gaps between the
+  sources. Merges chain until the count fits; a failed one is retried after the retry backoff,
+  on the index's clock, from ``poll``/``has_message_available``. Buckets still being written
+  or in memory mode are merged once durable; until then ``stats()["over_limit"]`` says by how
+  much and why the count exceeds the bound.
 * **Trim and delete**: ``set_mark_delete`` untracks positions at or below the mark (persisted in
   the manifest with its next commit and on close); buckets wholly below the mark ledger whose
   create succeeded are deleted with all their ledgers untracked, as are exhausted buckets (their
@@ -158,7 +162,19 @@ class _Bucket:
         return len(self.mins)
 
     def has_unloaded(self) -> bool:
+        """Durable, with a segment not read into memory yet."""
         return self.state == "durable" and self.current < self.num_segments
+
+    def mergeable(self) -> bool:
+        """Whether a merge may take this bucket: durable and idle. Loaded segments do not
+        matter: a merge reads every segment back from the snapshot and keeps what is tracked,
+        so the bucket's in-memory run can go when the merged bucket replaces it."""
+        return (
+            self.state == "durable"
+            and self.snapshot_id is not None
+            and not self.merging
+            and not self.exhausted
+        )
 
     def next_time(self, segment: int) -> int:
         """Min deliver time of 1-based ``segment + 1`` (-1 when there is none)."""
@@ -334,6 +350,9 @@ class DelayIndex(QuarantineMixin, TrackerFront):
         self._inflight: set[Future[None]] = set()
         self._inflight_lock = threading.Lock()
         self._merge_in_flight = False
+        # Consecutive failed merges, and when the next may start (the retry backoff's rule).
+        self._merge_failures = 0
+        self._merge_retry_at = 0
         self._retry_queued = False
         # Group commit: changes wait here for the persist job, which makes a batch of them
         # durable with two manifest writes; failed ones wait in _deferred_* for their backoff.
@@ -833,10 +852,13 @@ class DelayIndex(QuarantineMixin, TrackerFront):
             if self._persist_creates or self._persist_deletes:
                 self._schedule_persist()
 
-    def _defer_at(self, attempts: int) -> None:
-        """Schedule the retry tick after the backoff of ``attempts`` failures (lock held)."""
+    def _defer_at(self, attempts: int) -> int:
+        """Schedule the retry tick after the backoff of ``attempts`` failures (lock held);
+        return when that backoff runs out."""
         delay = self._config.delete_retry_delay_ms * min(2 ** max(attempts - 1, 0), 64)
-        self._deferred_at = min(self._deferred_at, max(self._now(), 0) + delay)
+        at: int = max(self._now(), 0) + delay
+        self._deferred_at = min(self._deferred_at, at)
+        return at
 
     def _defer(self, queue: list[Any], item: Any) -> None:
         """Keep a failed change for a retry after the backoff, on the index's clock (lock held)."""
@@ -935,8 +957,8 @@ class DelayIndex(QuarantineMixin, TrackerFront):
 
     def _maybe_retry_failures(self, now: int) -> None:
         """Queue the retries whose backoff has run out (lock held): failed snapshot writes and
-        deletes the group commit deferred, a merge whose outcome is unknown, and the catalog's
-        failed delete intents.
+        deletes the group commit deferred, a merge whose outcome is unknown, merging after a
+        failed merge, the catalog's failed delete intents and leftover create intents.
 
         Driven by the index's clock: failures wait ``delete_retry_delay_ms`` (doubling per
         failure); delete intents move to the dead letters after ``max_delete_attempts``.
@@ -954,9 +976,15 @@ class DelayIndex(QuarantineMixin, TrackerFront):
             self._retry_quarantine_commits()
             if self._persist_creates or self._persist_deletes:
                 self._schedule_persist()
+            self._resume_merges(now)
         if self._retry_queued or self._unresolved_merge is not None:
             return
-        due = [i.next_attempt_ms for i in self._catalog.manifest.intents if i.kind == "delete"]
+        intents = self._catalog.manifest.intents
+        due = [i.next_attempt_ms for i in intents if i.kind == "delete"]
+        if not self._persist_scheduled and not self._merge_in_flight:
+            # No create is running, so a create intent is a failed rollback's leftover: the
+            # same retry rolls it back now (else it waits for the next open).
+            due += [now for i in intents if i.kind == "create"]
         if not due or min(due) > now:
             return
         self._retry_queued = True
@@ -977,28 +1005,42 @@ class DelayIndex(QuarantineMixin, TrackerFront):
                 self._warnings.append(f"delete of {snapshot_id!r} failed again")
 
     def _maybe_merge(self) -> None:
-        """Start a merge if there are too many sealed buckets (lock held)."""
+        """Start a merge if there are too many sealed buckets (lock held).
+
+        Started by a seal, a create or merge that completes, and (after a failed merge's
+        backoff) by the retry tick of ``poll``/``has_message_available``.
+        """
         limit = self._config.max_num_buckets
         if limit <= 0 or self._merge_in_flight or len(self._buckets) <= limit:
             return
+        if self._merge_failures and self._now() < self._merge_retry_at:
+            return  # backing off; _resume_merges restarts merging when the backoff runs out
         ordered = sorted(self._buckets.values(), key=lambda b: b.start)
         candidates = [
             (
-                b.has_unloaded() and not b.merging and not b.exhausted,
+                b.mergeable(),
                 b.num_messages,
                 b.next_time(b.current) if b.has_unloaded() else MAX_TIME,
             )
             for b in ordered
         ]
+        low, high = self._core.mutable_range
+        cut = len(ordered)
+        if low >= 0:
+            # The mutable bucket lies between sealed ones (after a reopen): no window may span
+            # it, so it splits the candidates like an ineligible bucket.
+            cut = sum(b.start < low for b in ordered)
+            candidates.insert(cut, (False, 0, MAX_TIME))
         chosen = select_merge_window(candidates)
         if chosen is None:
             return
         first, count = chosen
+        if first > cut:
+            first -= 1
         sources = ordered[first : first + count]
         start, end = sources[0].start, sources[-1].end
-        low, high = self._core.mutable_range
         if low >= 0 and low <= end and high >= start:
-            return  # the mutable bucket lies between them (after a reopen): not these
+            return  # cannot happen after the split above; kept as a guard
         # The merged range covers the gaps between the sources too. Registering it now routes
         # adds in those gaps to the direct heap, so no other bucket can claim a ledger in it.
         for b in sources:
@@ -1008,6 +1050,31 @@ class DelayIndex(QuarantineMixin, TrackerFront):
         self._merge_in_flight = True
         epoch = self._epoch
         self._queue(lambda: self._merge_then_trim(sources, epoch))
+
+    def _resume_merges(self, now: int) -> None:
+        """Retry tick (lock held): merge again once a failed merge's backoff has run out."""
+        if self._merge_failures and now < self._merge_retry_at:
+            # Another retry fired the tick first: keep it armed for the merge's own time.
+            self._deferred_at = min(self._deferred_at, self._merge_retry_at)
+            return
+        self._maybe_merge()
+
+    def _bound_stats(self) -> dict[str, Any]:
+        """``stats()`` keys on the bucket bound: how far above ``max_num_buckets``, and why."""
+        limit = self._config.max_num_buckets
+        sealed = list(self._buckets.values())
+        over = max(len(sealed) - limit, 0) if limit > 0 else 0
+        return {
+            "bucket_limit": limit if limit > 0 else None,
+            "over_limit": over,
+            "over_limit_why": {
+                "creating": sum(b.state == "creating" for b in sealed),
+                "memory_mode": sum(b.state == "memory" for b in sealed),
+                "merging": sum(b.merging for b in sealed),
+                "merge_failures": self._merge_failures,
+                "merge_retry_at_ms": self._merge_retry_at if self._merge_failures else None,
+            },
+        }
 
     def _merge_then_trim(self, sources: list[_Bucket], epoch: int) -> None:
         self._merge_job(sources, epoch)
@@ -1081,13 +1148,18 @@ class DelayIndex(QuarantineMixin, TrackerFront):
                 for b in sources:
                     if self._buckets.get(b.sid) is b:
                         self._retire(b)
+                self._merge_failures = 0
+                self._maybe_merge()  # still too many buckets? merges chain until they fit
                 return
             assert metadata is not None
             self._merge_succeeded(sources, epoch, record, metadata)
 
     def _merge_failed(self, sources: list[_Bucket], epoch: int) -> None:
-        """A merge did not happen: the sources are themselves again (lock held)."""
+        """A merge did not happen: the sources are themselves again (lock held), and merging
+        resumes after the retry backoff (the count stays above the bound meanwhile)."""
         self._merge_in_flight = False
+        self._merge_failures += 1
+        self._merge_retry_at = self._defer_at(self._merge_failures)
         if epoch == self._epoch and not self._closed:
             self._unregister_merge(sources)
         mark = self._mark
@@ -1103,8 +1175,14 @@ class DelayIndex(QuarantineMixin, TrackerFront):
     def _merge_succeeded(
         self, sources: list[_Bucket], epoch: int, record: BucketRecord, metadata: SnapshotMetadata
     ) -> None:
-        """The merged bucket is live and its sources are gone from the manifest (lock held)."""
+        """The merged bucket is live and its sources are gone from the manifest (lock held).
+
+        The sources' in-memory runs (loaded segments) are dropped: every position still
+        tracked in them was tracked when the merge filtered, so it is in the merged snapshot,
+        behind a placeholder for segment 1 that keeps delivery in global order.
+        """
         self._merge_in_flight = False
+        self._merge_failures = 0
         for b in sources:
             b.merging = False
             if b.snapshot_id is not None:
@@ -1165,7 +1243,11 @@ class DelayIndex(QuarantineMixin, TrackerFront):
             due = bool(self._core.has_due(now))
             if not due:
                 self._rearm(now)
-            return due
+            if self._deferred_at <= now:  # retries (merges too) resume by time, not by polls
+                self._maybe_retry_failures(now)
+        if self._queued:
+            self._submit_queued()
+        return due
 
     def poll(self, max_messages: int) -> list[Position]:
         """Remove and return up to ``max_messages`` due positions.
@@ -1471,6 +1553,7 @@ class DelayIndex(QuarantineMixin, TrackerFront):
                 timer_armed=self._arming is not None and self._arming.armed,
                 closed=self._closed,
             )
+            out.update(self._bound_stats())  # bucket_limit, over_limit, over_limit_why
             return out
 
     def _problems(self) -> list[str]:
