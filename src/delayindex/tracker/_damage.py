@@ -159,7 +159,7 @@ class QuarantineMixin:
     _drop_bucket: Callable[..., None]
     _make_durable: Callable[[Any, Any, SnapshotMetadata], None]
     _build: Callable[..., tuple[SnapshotMetadata, PreparedSegments]]
-    _defer_at: Callable[[int], None]
+    _defer_at: Callable[[int], int]
     _rearm: Callable[[int], None]
 
     # -- finding damage (lock held) ---------------------------------------------------------------

@@ -855,8 +855,9 @@ class DelayIndex(QuarantineMixin, TrackerFront):
     def _defer_at(self, attempts: int) -> int:
         """Schedule the retry tick after the backoff of ``attempts`` failures (lock held);
         return when that backoff runs out."""
-        delay = self._config.delete_retry_delay_ms * min(2 ** max(attempts - 1, 0), 64)
-        at: int = max(self._now(), 0) + delay
+        at: int = max(self._now(), 0) + backoff_delay_ms(
+            self._config.delete_retry_delay_ms, attempts
+        )
         self._deferred_at = min(self._deferred_at, at)
         return at
 
@@ -1070,6 +1071,7 @@ class DelayIndex(QuarantineMixin, TrackerFront):
             "over_limit_why": {
                 "creating": sum(b.state == "creating" for b in sealed),
                 "memory_mode": sum(b.state == "memory" for b in sealed),
+                "quarantined": sum(b.state in ("quarantined", "released") for b in sealed),
                 "merging": sum(b.merging for b in sealed),
                 "merge_failures": self._merge_failures,
                 "merge_retry_at_ms": self._merge_retry_at if self._merge_failures else None,
