@@ -680,7 +680,8 @@ class BaseStorage(ABC):
         a copy left behind is harmless, the next commit or restore prunes it)."""
         try:
             if everything:
-                old = [v for v in self._raw_manifest_history(name) if v <= version - MANIFEST_HISTORY]
+                floor = version - MANIFEST_HISTORY
+                old = [v for v in self._raw_manifest_history(name) if v <= floor]
             else:
                 old = [version - MANIFEST_HISTORY] if version > MANIFEST_HISTORY else []
             for stale in old:

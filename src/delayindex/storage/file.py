@@ -15,8 +15,8 @@ Write protocol (objects and manifests): write the bytes to a new file in ``tmp/`
 move it into place atomically, then ``fsync`` the target directory so the new name is durable.
 A manifest commit writes two temp files, the new manifest and its history copy (separate files
 with their own bytes: a bit flip in one never damages the other), renames the manifest, then the
-copy, and syncs ``manifests/`` once for both; the copy :data:`~delayindex.storage.base.MANIFEST_HISTORY`
-generations older is then unlinked (not synced: a resurrected old copy is harmless).
+copy, and syncs ``manifests/`` once for both; the copy ``MANIFEST_HISTORY`` (3) generations
+older is then unlinked (not synced: a resurrected old copy is harmless).
 Objects move with ``os.link`` (fails if the id exists, so an object is never overwritten; the
 temp name is then unlinked); filesystems without hard links fall back to an existence check and
 ``os.replace``. Manifests move with ``os.replace`` (readers see the old file or the new one).

@@ -11,8 +11,9 @@ the fourth attempt succeeds, four failures exhaust the retries). ``after=True`` 
 take effect first and then raise, a lost acknowledgement, which exercises the idempotent-retry
 paths. Test helpers :meth:`raw_object`/:meth:`put_raw_object` (and the manifest twins, plus
 :meth:`delete_raw_manifest` and the history's :meth:`raw_manifest_history`/
-:meth:`put_raw_manifest_history`) read and plant bytes directly, to corrupt objects or create orphans; :meth:`break_locks` forgets every
-held lock, as the death of the holding process would.
+:meth:`put_raw_manifest_history`) read and plant bytes directly, to corrupt objects or create
+orphans; :meth:`break_locks` forgets every held lock, as the death of the holding process
+would.
 
 Random faults (:meth:`MemoryStorage.set_fault_rate`) model a flaky store for soak tests. They
 are drawn *per call*, not per attempt: at a call's first attempt a seeded ``random.Random``
