@@ -958,10 +958,11 @@ def _fsck(args: argparse.Namespace, console: Console) -> int:
     )
     if report.damaged:
         table = Table(title=f"{len(report.damaged)} damaged", title_justify="left")
-        for column in ("kind", "id", "file", "what is wrong"):
+        for column in ("kind", "file", "what is wrong"):
             table.add_column(column, overflow="fold")
         for item in report.damaged:
-            table.add_row(item.kind, escape(item.id), escape(item.file), escape(item.error))
+            what = item.error.removeprefix(f"{item.file}: ")
+            table.add_row(item.kind, escape(item.file), escape(what))
         console.print(table)
     _print_problems(
         console, [f"{d.kind} {d.id}: {d.error}" for d in report.damaged], "nothing is damaged"

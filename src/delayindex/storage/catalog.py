@@ -77,6 +77,12 @@ live bucket whose object is missing             keep the record, list it in
 dead letter                                     keep.
 ==============================================  ============================================
 
+Before the repair, a damaged or missing manifest (or objects of a never-committed name) is
+recovered from the manifest's history and the objects' own headers (``storage.recovery``),
+stored as the new manifest and reported in ``RepairReport.recovered`` and :meth:`problems`.
+Every object the catalog writes is stamped with its origin (this name, and the version of the
+commit that recorded its create intent), so that it describes itself.
+
 Every repair step is idempotent, so a crash during repair is repaired by the next open.
 Objects that no manifest references (planted by hand, or by another program) are left alone:
 object ids carry no unambiguous owner, so a catalog never deletes what it did not record.
