@@ -467,12 +467,18 @@ def test_missing_object_is_reported_not_dropped(clock: ManualClock) -> None:
 
 
 def test_corrupt_manifest_refuses_to_open_and_releases_the_lock() -> None:
+    """Nothing to recover from: current manifest, every history copy and the object damaged."""
     storage = MemoryStorage()
     with Catalog.open(storage, NAME) as catalog:
-        catalog.create_bucket(*CONTENT[(10, 13)])
+        record = catalog.create_bucket(*CONTENT[(10, 13)])
     data = bytearray(encode_manifest(storage.read_manifest(NAME)))
     data[20] ^= 1
     storage.put_raw_manifest(NAME, bytes(data))
+    for version in storage.raw_manifest_history(NAME):
+        storage.put_raw_manifest_history(NAME, version, bytes(data))
+    obj = bytearray(storage.raw_object(record.snapshot_id))
+    obj[3] ^= 1
+    storage.put_raw_object(record.snapshot_id, bytes(obj))
     with pytest.raises(SnapshotCorruptError, match=NAME):
         Catalog.open(storage, NAME)
     storage.lock(NAME).release()  # not left locked

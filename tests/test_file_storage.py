@@ -66,6 +66,7 @@ def test_layout_on_disk(store: FileStorage, snap: Snapshot) -> None:
             "locks/orders.lock",
             "manifests",
             "manifests/orders.manifest",
+            "manifests/orders.manifest.1",
             "objects",
             "objects/orders-40-43-abc.dixs",
             "tmp",
@@ -148,9 +149,13 @@ def test_manifest_commit_fsyncs_and_replaces_atomically(
     store: FileStorage, syscalls: list[tuple[str, str]]
 ) -> None:
     store.commit_manifest("orders", Manifest("orders"))
+    # Two fsync'ed temp files (the manifest and its independent history copy), two renames,
+    # the manifest first, and one directory sync that makes both names durable.
     assert _relative(syscalls, store.root) == [
         ("fsync", "tmp/*"),
+        ("fsync", "tmp/*"),
         ("replace", "manifests/orders.manifest"),
+        ("replace", "manifests/orders.manifest.1"),
         ("fsync", "manifests"),
     ]
 
@@ -407,7 +412,10 @@ def hooked(tmp_path: Path) -> Iterator[tuple[FileStorage, _StepLog]]:
 
 
 OBJECT_STEPS = ["object.write", "object.fsync", "object.link", "object.dirsync"]
-MANIFEST_STEPS = ["manifest.write", "manifest.fsync", "manifest.rename", "manifest.dirsync"]
+MANIFEST_STEPS = [
+    "manifest.write", "manifest.fsync", "manifest.history.write", "manifest.history.fsync",
+    "manifest.rename", "manifest.history.rename", "manifest.dirsync",
+]  # fmt: skip
 
 
 def test_step_hook_sees_create_commit_delete_in_order(
@@ -428,7 +436,7 @@ def test_step_hook_sees_create_commit_delete_in_order(
     storage.commit_manifest("orders", Manifest("orders"))
     assert log.steps == MANIFEST_STEPS
     # No manifest file until the rename; it exists when the directory is synced.
-    assert [m for _, _, m in log.seen] == [False, False, False, True]
+    assert [m for _, _, m in log.seen] == [False, False, False, False, False, True, True]
     log.steps.clear()
     log.seen.clear()
     storage.delete("k")

@@ -12,6 +12,10 @@
   objects no manifest references, unfinished intents and dead letters (``delayindex.gc``). A dry
   run unless ``--delete``; never touches an object younger than the grace period (ages are
   measured at ``--now-ms``, default now) or one any manifest references.
+* ``delayindex fsck --store PATH [--name N]... [--json] [--no-progress]``: read every object
+  in full (header, metadata with its bitmaps checked, every segment decoded) and every manifest
+  and manifest history generation, and report each damaged one by file and what is wrong
+  (``delayindex.fsck``). Read-only. Exit 1 on any damage, 0 when clean.
 * ``delayindex gen-dump OUT --messages N [--entries-per-ledger] [--delayed-fraction]
   [--delay-mix] [--seed] [--format] [--start-ms]``: write a synthetic topic dump
   (``delayindex.dump``, ``docs/dump-format.md``) in chunks, with a progress bar. Needs pyarrow
@@ -46,7 +50,8 @@ Exit codes:
       delivery (or ``demo``'s verify a mismatch); ``gc`` (dry run) found garbage or unfinished
       intents, or could not delete something; dead letters remain; ``inspect`` found a missing
       or unreadable snapshot; ``verify`` found a store mismatch; ``rebuild --strict`` found
-      rejected dump rows; a ``bench`` benchmark failed its own checks
+      rejected dump rows; a ``bench`` benchmark failed its own checks; ``fsck`` found a
+      damaged object, manifest or manifest history generation
 2     bad usage: bad arguments, a store directory that does not exist, an unknown ``--name``;
       an unreadable dump or one missing a column; pyspark or Java missing (``rebuild``);
       no benchmarks directory or pytest-benchmark missing (``bench``)
@@ -262,6 +267,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gc.add_argument("--json", action="store_true", help="print the report as JSON")
     gc.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    fsck = sub.add_parser(
+        "fsck",
+        help="read every object and manifest generation in full; report damage",
+        description="Read every object of the store in full (header, metadata with its bitmaps "
+        "checked, every segment decoded and checksummed) and every manifest and manifest "
+        "history generation; report each damaged item by file and what is wrong. Read-only: "
+        "takes no lock. " + EXIT_CODES_HELP,
+        epilog="Exit 1: something is damaged. Exit 0: everything read back intact.",
+    )
+    fsck.add_argument("--store", required=True, type=Path, help="FileStorage directory")
+    fsck.add_argument(
+        "--name", type=_name, action="append", help="only this name's manifests (repeatable)"
+    )
+    fsck.add_argument("--json", action="store_true", help="print the report as JSON")
+    fsck.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
     gen = sub.add_parser(
         "gen-dump",
@@ -935,6 +956,42 @@ def _gc(args: argparse.Namespace, console: Console) -> int:
     return code
 
 
+# -- fsck -----------------------------------------------------------------------------------------
+
+
+def _fsck(args: argparse.Namespace, console: Console) -> int:
+    from delayindex.fsck import check_store
+
+    storage = _open_store(args.store)
+    with storage:
+        names = _check_names(storage, args.name)
+        with _progress(not (args.json or args.no_progress), "fsck") as progress:
+            report = check_store(storage, names=names, progress=progress)
+    code = EXIT_OK if report.clean else EXIT_CHECK_FAILED
+    if args.json:
+        payload = dataclasses.asdict(report)
+        payload.update(command="fsck", store=str(args.store), exit_code=code, clean=report.clean)
+        _print_json(console, payload)
+        return code
+    console.print(
+        f"[bold]{escape(str(args.store))}[/]: {report.objects} objects "
+        f"({_size(report.object_bytes)}), {report.manifests} manifests, "
+        f"{report.generations} history generations read in full"
+    )
+    if report.damaged:
+        table = Table(title=f"{len(report.damaged)} damaged", title_justify="left")
+        for column in ("kind", "file", "what is wrong"):
+            table.add_column(column, overflow="fold")
+        for item in report.damaged:
+            what = item.error.removeprefix(f"{item.file}: ")
+            table.add_row(item.kind, escape(item.file), escape(what))
+        console.print(table)
+    _print_problems(
+        console, [f"{d.kind} {d.id}: {d.error}" for d in report.damaged], "nothing is damaged"
+    )
+    return code
+
+
 # -- gen-dump -------------------------------------------------------------------------------------
 
 
@@ -1487,8 +1544,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _bench(args, console)
         except _UsageError as exc:
             return _fail(args.command, EXIT_USAGE, "error", exc)
-    if args.command in ("inspect", "gc"):
-        run = _inspect if args.command == "inspect" else _gc
+    if args.command in ("inspect", "gc", "fsck"):
+        run = {"inspect": _inspect, "gc": _gc, "fsck": _fsck}[args.command]
         try:
             return run(args, console)
         except _UsageError as exc:

@@ -20,7 +20,14 @@ Invariants of collection:
   period (``now_ms - mtime_ms < grace_ms``; a writer that does not use intents may still be
   writing it, or about to reference it), nor one whose age cannot be known;
 * one damaged (or unreadable) manifest makes gc refuse to delete anything: nobody can tell what
-  that manifest references. It is reported, and the store is left as it was;
+  that manifest references. It is reported, and the store is left as it was. A *deleted*
+  manifest whose history survives is damaged too (``read_manifest`` says so), and so is a name
+  that only the objects know: an unreferenced object whose header names an index (its origin,
+  see ``SnapshotMetadata.with_origin``) that has no readable manifest, or whose generation is
+  newer than that manifest (the manifest was lost or rolled back), makes gc refuse, because
+  ``Catalog.open`` rebuilds that index from exactly those objects;
+* an object referenced by any surviving history generation of a manifest is never deleted
+  either (each name keeps its newest generations: ``storage.base.MANIFEST_HISTORY``);
 * right before deleting, gc lists the objects and reads every manifest again and re-checks each
   candidate (still present, still unreferenced, still old). After that re-check nothing can
   start referencing a candidate: the protocol only ever references fresh random ids, and
@@ -43,6 +50,7 @@ from dataclasses import dataclass, replace
 from delayindex.errors import (
     ManifestConflictError,
     SnapshotCorruptError,
+    SnapshotNotFoundError,
     StorageError,
     StoreLockedError,
 )
@@ -50,6 +58,7 @@ from delayindex.storage.base import ObjectInfo, SnapshotStorage
 from delayindex.storage.catalog import Catalog
 from delayindex.storage.file import FileStorage
 from delayindex.storage.manifest import Manifest
+from delayindex.storage.recovery import HistoryStorage
 
 #: ``progress(phase, done, total)``: phase ``"manifests"`` while reading manifests,
 #: ``"deletes"`` while deleting orphans.
@@ -183,12 +192,54 @@ class GcReport:
 class _Scan:
     manifests: dict[str, Manifest]
     corrupt: dict[str, str]
+    history_refs: frozenset[str] = frozenset()
 
     def referenced(self) -> frozenset[str]:
-        ids: set[str] = set()
+        ids: set[str] = set(self.history_refs)
         for manifest in self.manifests.values():
             ids |= manifest.referenced_ids()
         return frozenset(ids)
+
+
+def _history_refs(storage: SnapshotStorage, name: str) -> set[str]:
+    """Ids referenced by the surviving history generations of ``name`` (damaged ones skipped:
+    the current manifest is readable, so they are only older copies)."""
+    if not isinstance(storage, HistoryStorage):
+        return set()
+    ids: set[str] = set()
+    for version in storage.manifest_history(name):
+        try:
+            ids |= storage.read_manifest_generation(name, version).referenced_ids()
+        except (SnapshotCorruptError, SnapshotNotFoundError):
+            continue
+    return ids
+
+
+def _unowned(storage: SnapshotStorage, scan: _Scan, ids: Iterable[str]) -> dict[str, str]:
+    """Names that unreferenced objects claim (their header's origin) but whose manifest is
+    missing, or older than the object: ``{name: why}``; gc must not collect anything then."""
+    out: dict[str, str] = {}
+    for snapshot_id in ids:
+        try:
+            metadata = storage.get_metadata(snapshot_id, check_bitmaps=False)
+        except (SnapshotCorruptError, SnapshotNotFoundError):
+            continue  # gone, or no header to tell an owner by: an orphan as before
+        name = metadata.index_name
+        if not name or name in scan.corrupt or name in out:
+            continue
+        manifest = scan.manifests.get(name)
+        if manifest is None or manifest.version == 0:
+            out[name] = (
+                f"object {snapshot_id!r} names index {name!r}, which has no manifest and no "
+                "history: opening it rebuilds it from its objects"
+            )
+        elif metadata.generation > manifest.version:
+            out[name] = (
+                f"object {snapshot_id!r} (generation {metadata.generation}) is newer than the "
+                f"manifest of {name!r} (version {manifest.version}): the manifest was lost or "
+                "rolled back"
+            )
+    return out
 
 
 def _read_manifests(storage: SnapshotStorage, progress: Progress | None) -> _Scan:
@@ -196,14 +247,16 @@ def _read_manifests(storage: SnapshotStorage, progress: Progress | None) -> _Sca
     names = storage.list_manifests()
     manifests: dict[str, Manifest] = {}
     corrupt: dict[str, str] = {}
+    history: set[str] = set()
     for done, name in enumerate(names, 1):
         try:
             manifests[name] = storage.read_manifest(name)
+            history |= _history_refs(storage, name)
         except SnapshotCorruptError as exc:
             corrupt[name] = str(exc)
         if progress is not None:
             progress("manifests", done, len(names))
-    return _Scan(manifests, corrupt)
+    return _Scan(manifests, corrupt, frozenset(history))
 
 
 def _check_times(now_ms: int, grace_ms: int) -> None:
@@ -260,6 +313,7 @@ def find_garbage(
             continue
         orphan = Orphan(info.id, info.size, info.mtime_ms, now_ms - info.mtime_ms)
         (orphans if orphan.age_ms >= grace_ms else young).append(orphan)
+    scan.corrupt.update(_unowned(storage, scan, [o.id for o in (*orphans, *young)]))
     work = []
     for name in _selected(scan.manifests, names):
         item = _name_work(scan.manifests[name])
@@ -280,7 +334,7 @@ def find_garbage(
         objects=len(objects),
         object_bytes=sum(o.size for o in objects),
         referenced=sum(1 for o in objects if o.id in referenced),
-        manifests=tuple(sorted([*scan.manifests, *scan.corrupt])),
+        manifests=tuple(sorted({*scan.manifests, *scan.corrupt})),
         orphans=tuple(orphans),
         young=tuple(young),
         corrupt_manifests=corrupt,
@@ -407,6 +461,14 @@ def run_gc(
             corrupt_manifests=corrupt,
             refused=f"refusing to delete orphans: manifest(s) {', '.join(n for n, _ in corrupt)} "
             "became unreadable during gc",
+        )
+    unowned = _unowned(storage, scan, [o.id for o in report.orphans])
+    if unowned:
+        return replace(
+            report,
+            corrupt_manifests=tuple(sorted(unowned.items())),
+            refused=f"refusing to delete orphans: index(es) {', '.join(sorted(unowned))} have "
+            "objects but no readable manifest",
         )
     referenced = scan.referenced()
     deleted: list[str] = []

@@ -419,16 +419,25 @@ def build_bucket(
 
 
 def write_bucket(
-    storage: SnapshotStorage, key: str, metadata: SnapshotMetadata, segments: PreparedSegments
+    storage: SnapshotStorage,
+    key: str,
+    metadata: SnapshotMetadata,
+    segments: PreparedSegments,
+    *,
+    origin: tuple[str, int] | None = None,
 ) -> BucketRecord:
     """Write one reserved bucket's object under ``key``; return the record to publish.
 
     Runs anywhere the storage is reachable (a Spark executor); the record goes back to whoever
-    holds the catalog, for :func:`publish_rebuild`.
+    holds the catalog, for :func:`publish_rebuild`. ``origin`` is ``(name, generation)``: the
+    index and the manifest version of the reservation's commit, stamped into the object so that
+    it describes itself (``SnapshotMetadata.with_origin``).
 
     Raises:
         StorageError, SnapshotExistsError: the write failed; ValueError: bad key or segments.
     """
+    if origin is not None:
+        metadata = metadata.with_origin(*origin)
     storage.create(metadata, segments, key)
     size = storage.length(key)
     return BucketRecord(
@@ -595,6 +604,7 @@ def rebuild_local(
         try:
             # Inside the try: a reservation whose commit outcome is unknown is rolled back too.
             keys = catalog.reserve_creates(ranges, replacing_live=True)
+            origin = (name, catalog.manifest.version)
             records: list[BucketRecord] = []
             for k, ((start, end), key) in enumerate(zip(ranges, keys, strict=True)):
                 rows = order[bounds[k] : bounds[k + 1]]
@@ -602,7 +612,7 @@ def rebuild_local(
                 metadata, segments = build_bucket(
                     t[rows], lg[rows], en[rows], start, end, config, validate=False
                 )
-                records.append(write_bucket(storage, key, metadata, segments))
+                records.append(write_bucket(storage, key, metadata, segments, origin=origin))
                 if progress is not None:
                     progress("buckets", k + 1, len(ranges))
             replaced = publish_rebuild(catalog, records, mark)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SnapshotMetadata(_message.Message):
-    __slots__ = ("format_version", "start_ledger", "end_ledger", "num_messages", "min_deliver_at_deltas", "deliver_at_spans", "counts", "ledger_counts", "ledger_deltas", "bitmaps")
+    __slots__ = ("format_version", "start_ledger", "end_ledger", "num_messages", "min_deliver_at_deltas", "deliver_at_spans", "counts", "ledger_counts", "ledger_deltas", "bitmaps", "index_name", "generation")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     START_LEDGER_FIELD_NUMBER: _ClassVar[int]
     END_LEDGER_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,8 @@ class SnapshotMetadata(_message.Message):
     LEDGER_COUNTS_FIELD_NUMBER: _ClassVar[int]
     LEDGER_DELTAS_FIELD_NUMBER: _ClassVar[int]
     BITMAPS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_NAME_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     start_ledger: int
     end_ledger: int
@@ -29,4 +31,6 @@ class SnapshotMetadata(_message.Message):
     ledger_counts: _containers.RepeatedScalarFieldContainer[int]
     ledger_deltas: _containers.RepeatedScalarFieldContainer[int]
     bitmaps: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, format_version: _Optional[int] = ..., start_ledger: _Optional[int] = ..., end_ledger: _Optional[int] = ..., num_messages: _Optional[int] = ..., min_deliver_at_deltas: _Optional[_Iterable[int]] = ..., deliver_at_spans: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., ledger_counts: _Optional[_Iterable[int]] = ..., ledger_deltas: _Optional[_Iterable[int]] = ..., bitmaps: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    index_name: str
+    generation: int
+    def __init__(self, format_version: _Optional[int] = ..., start_ledger: _Optional[int] = ..., end_ledger: _Optional[int] = ..., num_messages: _Optional[int] = ..., min_deliver_at_deltas: _Optional[_Iterable[int]] = ..., deliver_at_spans: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., ledger_counts: _Optional[_Iterable[int]] = ..., ledger_deltas: _Optional[_Iterable[int]] = ..., bitmaps: _Optional[_Iterable[bytes]] = ..., index_name: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...

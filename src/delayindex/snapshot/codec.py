@@ -24,6 +24,7 @@ what failed; nothing decodes silently wrong. See docs/snapshot-format.md.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -124,6 +125,11 @@ def _unframe(entry: bytes, index: int, name: str) -> tuple[int, bytes]:
     return body[0], bytes(body[1:])
 
 
+#: A stamped index name is a manifest name (``storage.manifest.KEY_PATTERN``, repeated here:
+#: the storage package imports this module).
+_INDEX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~-]{0,199}")
+
+
 # -- encoding -----------------------------------------------------------------------------------
 
 
@@ -153,6 +159,8 @@ def _metadata_payload(metadata: SnapshotMetadata) -> bytes:
         ledger_counts=np.diff(offsets).tolist(),
         ledger_deltas=deltas.tolist(),
         bitmaps=metadata.bitmaps,
+        index_name=metadata.index_name,
+        generation=metadata.generation,
     )
     payload: bytes = message.SerializeToString()
     return payload
@@ -175,7 +183,7 @@ def encode_entries(metadata: SnapshotMetadata, segments: Sequence[Segment]) -> l
     entries = [
         _frame(0, FLAG_ZSTD, packed_meta) if len(packed_meta) < len(raw) else _frame(0, 0, raw)
     ]
-    if isinstance(segments, PreparedSegments) and segments.metadata is metadata:
+    if isinstance(segments, PreparedSegments) and segments.metadata.same_columns(metadata):
         # Built together with this metadata (build_snapshot): consistent by construction.
         return entries + [_frame(n, 0, packed) for n, packed in enumerate(segments.packed, 1)]
     for number, (meta, segment) in enumerate(zip(metadata.segments, segments, strict=True), 1):
@@ -344,7 +352,13 @@ def _metadata_from_message(
     bitmaps = tuple(message.bitmaps)
     if message.num_messages != int(counts.sum()):
         raise ValueError("num_messages differs from the segment counts")
-    metadata = SnapshotMetadata(start, end, mins, maxs, counts, offsets, ledgers, bitmaps)
+    index_name = message.index_name
+    if index_name and _INDEX_NAME.fullmatch(index_name) is None:
+        raise ValueError(f"bad index name {index_name!r}")
+    metadata = SnapshotMetadata(
+        start, end, mins, maxs, counts, offsets, ledgers, bitmaps,
+        index_name=index_name, generation=message.generation,
+    )  # fmt: skip
     if check_bitmaps:
         _check_bitmaps(metadata)
     return metadata

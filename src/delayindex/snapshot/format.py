@@ -82,6 +82,11 @@ class SnapshotMetadata:
     ``ledger_offsets`` marking each segment's slice) so that snapshots with thousands of tiny
     segments cost no Python object per segment; :attr:`segments` builds :class:`SegmentMeta`
     views on first use. Immutable by convention: the arrays are made read-only.
+
+    ``index_name`` and ``generation`` are the object's origin (:meth:`with_origin`): the index
+    (manifest name) that wrote it and the manifest version of the commit that recorded its
+    create intent. Empty/0 for objects written before origins existed, and for metadata not yet
+    stamped (the :class:`~delayindex.storage.catalog.Catalog` stamps what it writes).
     """
 
     __slots__ = (
@@ -90,6 +95,8 @@ class SnapshotMetadata:
         "counts",
         "end_ledger",
         "format_version",
+        "generation",
+        "index_name",
         "ledger_offsets",
         "ledgers",
         "maxs",
@@ -108,7 +115,14 @@ class SnapshotMetadata:
         ledgers: Int64Array,
         bitmaps: tuple[bytes, ...],
         format_version: int = FORMAT_VERSION,
+        *,
+        index_name: str = "",
+        generation: int = 0,
     ) -> None:
+        self.index_name = str(index_name)
+        self.generation = int(generation)
+        if self.generation < 0:
+            raise ValueError(f"generation must be >= 0, got {generation}")
         self.start_ledger = int(start_ledger)
         self.end_ledger = int(end_ledger)
         self.mins = _frozen(mins)
@@ -141,6 +155,41 @@ class SnapshotMetadata:
             offsets,
             np.array([lg for s in segments for lg in s.ledgers], dtype=np.int64),
             tuple(b for s in segments for b in s.bitmaps),
+        )
+
+    def with_origin(self, index_name: str, generation: int) -> SnapshotMetadata:
+        """This metadata stamped with its origin: the index (manifest name) that owns the
+        object and the manifest version of the commit that recorded its create intent.
+
+        Shares every column with ``self`` (no copy). The origin makes an object
+        self-describing, so that a lost manifest can be rebuilt from the objects' headers; it
+        is provenance, not content, and is ignored by ``==``.
+        """
+        out = SnapshotMetadata.__new__(SnapshotMetadata)
+        for slot in SnapshotMetadata.__slots__:
+            object.__setattr__(out, slot, getattr(self, slot))
+        out.index_name = str(index_name)
+        out.generation = int(generation)
+        if out.generation < 0:
+            raise ValueError(f"generation must be >= 0, got {generation}")
+        return out
+
+    @property
+    def has_origin(self) -> bool:
+        """Whether the object names its index (objects written before origins existed do not)."""
+        return bool(self.index_name)
+
+    def same_columns(self, other: SnapshotMetadata) -> bool:
+        """Whether ``other`` shares this metadata's columns (it is this metadata, or a
+        :meth:`with_origin` copy of it): what was checked for one holds for the other."""
+        return (
+            self.mins is other.mins
+            and self.maxs is other.maxs
+            and self.counts is other.counts
+            and self.ledger_offsets is other.ledger_offsets
+            and self.ledgers is other.ledgers
+            and self.bitmaps is other.bitmaps
+            and (self.start_ledger, self.end_ledger) == (other.start_ledger, other.end_ledger)
         )
 
     @property
@@ -204,6 +253,8 @@ class SnapshotMetadata:
         }
 
     def __eq__(self, other: object) -> bool:
+        # The origin (index_name, generation) is provenance, not content: a retried create
+        # that finds its bucket live compares the caller's unstamped metadata with the stored.
         if not isinstance(other, SnapshotMetadata):
             return NotImplemented
         return (self.start_ledger, self.end_ledger, self.format_version) == (
@@ -215,9 +266,12 @@ class SnapshotMetadata:
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
+        origin = ""
+        if self.index_name:
+            origin = f", index={self.index_name!r}, generation={self.generation}"
         return (
             f"SnapshotMetadata(ledgers={self.start_ledger}..{self.end_ledger}, "
-            f"segments={self.num_segments}, messages={self.num_messages})"
+            f"segments={self.num_segments}, messages={self.num_messages}{origin})"
         )
 
 

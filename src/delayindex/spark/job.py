@@ -570,6 +570,7 @@ class _BuildParams:
     config: TrackerConfig
     plan: tuple[tuple[int, int, str, int], ...]  # (start, end, key, expected rows)
     scratch: tuple[str, ...]
+    generation: int = 0  # the reservation's manifest version, stamped into each object
 
 
 def _reserved(storage: FileStorage, name: str, key: str) -> bool:
@@ -583,8 +584,11 @@ def _write_reserved(
     key: str,
     metadata: SnapshotMetadata,
     segments: PreparedSegments,
+    generation: int = 0,
 ) -> BucketRecord | None:
     """Write a bucket under its reserved key; None (and no object) if the reservation is gone.
+
+    The object is stamped with its origin ``(name, generation)`` (self-describing objects).
 
     The check after the write closes the race with a rollback: a rollback commits its delete
     intents before it deletes, so either it deletes this object or this check sees the intent
@@ -592,6 +596,7 @@ def _write_reserved(
     """
     if not _reserved(storage, name, key):
         return None
+    metadata = metadata.with_origin(name, generation)
     try:
         record = rebuild.write_bucket(storage, key, metadata, segments)
     except SnapshotExistsError:
@@ -652,7 +657,9 @@ def _build_partition(params: _BuildParams, batches: Iterator[Any]) -> Iterator[A
                 metadata, segments = rebuild.build_bucket(
                     rows[2], rows[0], rows[1], start, end, params.config, validate=False
                 )
-                record = _write_reserved(storage, params.name, key, metadata, segments)
+                record = _write_reserved(
+                    storage, params.name, key, metadata, segments, params.generation
+                )
                 if record is None:
                     out.append((key, start, end, 0, 0, 0, "aborted"))
                 else:
@@ -888,7 +895,8 @@ def rebuild_dump(
                     for (start, end), key, count in zip(ranges, keys, expected, strict=True)
                 )
                 build = _BuildParams(str(root), name, config, plan,
-                                     tuple(p for p, _ in scanned.scratch))  # fmt: skip
+                                     tuple(p for p, _ in scanned.scratch),
+                                     catalog.manifest.version)  # fmt: skip
                 records = _build(spark, build, watch)
                 phases["build"] = time.perf_counter() - mark_phase
                 hook("rebuild.objects_written")

@@ -24,6 +24,16 @@ error. A retry must not turn a success whose acknowledgement was lost into a fai
 second attempt on ``create`` accepts an existing object with identical bytes and
 ``commit_manifest`` accepts a stored manifest equal to the one it is committing.
 
+Manifest history: every commit also stores an independent copy of the new manifest as history
+generation ``version`` (its own bytes, written with the same crash-safe protocol, never a link to
+the current file), and prunes the copy :data:`MANIFEST_HISTORY` generations older, so the newest
+:data:`MANIFEST_HISTORY` generations survive a damaged or deleted current manifest.
+:meth:`BaseStorage.read_manifest` never mistakes a deleted manifest for a new name: when the
+current manifest is missing but history exists it raises
+:class:`~delayindex.errors.SnapshotCorruptError`. :meth:`BaseStorage.manifest_history`,
+:meth:`BaseStorage.read_manifest_generation` and :meth:`BaseStorage.restore_manifest` are what
+``Catalog.open``'s recovery, ``delayindex gc`` and ``delayindex fsck`` use.
+
 Invariants: objects are immutable once created (never overwritten; a new version is a new id);
 a reader never sees a partial object or manifest; ids and names match
 :data:`~delayindex.storage.manifest.KEY_PATTERN`, so they are safe file names.
@@ -46,6 +56,7 @@ import numpy.typing as npt
 from delayindex.errors import (
     ManifestConflictError,
     SnapshotCorruptError,
+    SnapshotNotFoundError,
     StorageError,
 )
 from delayindex.snapshot.codec import (
@@ -61,6 +72,8 @@ from delayindex.snapshot.codec import (
 from delayindex.snapshot.format import Segment, SegmentList, SnapshotMetadata
 from delayindex.storage.manifest import Manifest, decode_manifest, encode_manifest, validate_key
 
+#: Manifest generations kept as independent history copies (the current one's copy included).
+MANIFEST_HISTORY = 3
 #: Attempts per I/O operation, first try included (Pulsar: 1 + 3 retries, no backoff).
 MAX_ATTEMPTS = 4
 #: Operation names, as keys of :meth:`SnapshotStorage.stats`.
@@ -209,10 +222,11 @@ class SnapshotStorage(Protocol):
         ...
 
     def list_manifests(self) -> list[str]:
-        """The names that have a stored manifest, sorted.
+        """The names that have a stored manifest (or manifest history), sorted.
 
         A name appears once its first commit lands, whether or not its manifest is readable
-        (a damaged manifest is listed; :meth:`read_manifest` reports the damage).
+        (a damaged manifest is listed, and so is a deleted one whose history survives;
+        :meth:`read_manifest` reports the damage).
 
         Raises:
             StorageError: the listing failed :data:`MAX_ATTEMPTS` times.
@@ -221,6 +235,9 @@ class SnapshotStorage(Protocol):
 
     def read_manifest(self, name: str) -> Manifest:
         """The manifest of ``name``; an empty one at version 0 if none was ever committed.
+
+        A missing manifest whose history survives is damage, not a new name: it raises
+        ``SnapshotCorruptError`` (``Catalog.open`` recovers it).
 
         Raises:
             ValueError: bad name. SnapshotCorruptError: the stored manifest is damaged.
@@ -353,19 +370,36 @@ class BaseStorage(ABC):
 
     @abstractmethod
     def _raw_list_manifests(self) -> list[str]:
-        """The names of every stored manifest (any order; only names matching KEY_PATTERN)."""
+        """The names that have a stored manifest or manifest history (any order; only names
+        matching KEY_PATTERN)."""
 
     @abstractmethod
     def _raw_read_manifest(self, name: str) -> tuple[bytes | None, str]:
         """The stored manifest bytes of ``name`` (None if absent) and where they live."""
 
     @abstractmethod
+    def _raw_manifest_history(self, name: str) -> list[int]:
+        """The versions of ``name``'s stored history copies (any order)."""
+
+    @abstractmethod
+    def _raw_read_manifest_history(self, name: str, version: int) -> tuple[bytes | None, str]:
+        """The bytes of history generation ``version`` of ``name`` (None if absent), and where."""
+
+    @abstractmethod
+    def _raw_delete_manifest_history(self, name: str, version: int) -> None:
+        """Remove history generation ``version`` of ``name``; a missing one is success."""
+
+    @abstractmethod
     def _raw_manifest_guard(self, name: str) -> AbstractContextManager[object]:
         """Mutual exclusion for one compare-and-swap of ``name``'s manifest (all writers)."""
 
     @abstractmethod
-    def _raw_write_manifest(self, name: str, data: bytes) -> None:
-        """Atomically replace ``name``'s manifest with ``data``."""
+    def _raw_write_manifest(self, name: str, data: bytes, version: int) -> None:
+        """Atomically replace ``name``'s manifest with ``data``, and store an independent copy
+        of ``data`` as history generation ``version`` (replacing any copy of that version).
+
+        The current manifest is replaced first, then the copy gets its name, so a crash in
+        between never leaves history newer than the current manifest."""
 
     @abstractmethod
     def _raw_lock(self, name: str) -> tuple[str, Callable[[], None]]:
@@ -550,11 +584,110 @@ class BaseStorage(ABC):
     def _decode_stored_manifest(self, name: str) -> Manifest:
         data, where = self._raw_read_manifest(name)
         if data is None:
+            history = sorted(self._raw_manifest_history(name), reverse=True)
+            if history:
+                # A deleted manifest is not a new name: its history proves it existed.
+                raise SnapshotCorruptError(
+                    f"{where}: manifest of {name!r} is missing, but history generation(s) "
+                    f"{history} exist"
+                )
             return Manifest(name)
         manifest = decode_manifest(data, where)
         if manifest.name != name:
             raise SnapshotCorruptError(f"{where}: holds the manifest of {manifest.name!r}")
         return manifest
+
+    def _decode_generation(self, name: str, version: int) -> Manifest:
+        data, where = self._raw_read_manifest_history(name, version)
+        if data is None:
+            raise SnapshotNotFoundError(f"history generation {version} of {name!r} not found")
+        manifest = decode_manifest(data, where)
+        if manifest.name != name or manifest.version != version:
+            raise SnapshotCorruptError(
+                f"{where}: holds version {manifest.version} of {manifest.name!r}, "
+                f"expected version {version} of {name!r}"
+            )
+        return manifest
+
+    def manifest_history(self, name: str) -> list[int]:
+        """The versions of ``name``'s stored history generations, newest first (the newest is
+        normally a copy of the current manifest)."""
+        validate_key(name, "manifest name")
+        versions = self._retry("read_manifest", name, lambda _: self._raw_manifest_history(name))
+        return sorted(versions, reverse=True)
+
+    def read_manifest_generation(self, name: str, version: int) -> Manifest:
+        """History generation ``version`` of ``name``.
+
+        Raises:
+            SnapshotNotFoundError: no such generation. SnapshotCorruptError: it is damaged.
+            StorageError.
+        """
+        validate_key(name, "manifest name")
+        _check_int(version, "version")
+        return self._retry(
+            "read_manifest", f"{name}@{version}", lambda _: self._decode_generation(name, version)
+        )
+
+    def restore_manifest(self, name: str, manifest: Manifest) -> Manifest:
+        """Store ``manifest`` (as is, version included) as ``name``'s current manifest, in place
+        of a missing or damaged one: what ``Catalog.open`` commits after a recovery.
+
+        Its version must be newer than every history generation, so versions keep growing; the
+        history is pruned to the newest :data:`MANIFEST_HISTORY` generations afterwards.
+
+        Raises:
+            ValueError: bad name, a name mismatch, or a version not above the history's.
+            ManifestConflictError: the current manifest is readable (nothing to restore).
+            StorageError.
+        """
+        validate_key(name, "manifest name")
+        if not isinstance(manifest, Manifest):
+            raise TypeError(f"manifest must be a Manifest, got {type(manifest).__name__}")
+        if manifest.name != name:
+            raise ValueError(f"manifest of {manifest.name!r} restored under {name!r}")
+        data = encode_manifest(manifest)
+
+        def attempt(n: int) -> Manifest:
+            with self._raw_manifest_guard(name):
+                try:
+                    current = self._decode_stored_manifest(name)
+                except SnapshotCorruptError:
+                    current = None
+                if current is not None:
+                    if n > 1 and current == manifest:
+                        return manifest  # an earlier attempt landed; its reply was lost
+                    if current.version != 0:
+                        raise ManifestConflictError(
+                            f"manifest {name!r} is readable (version {current.version}); "
+                            "nothing to restore"
+                        )
+                newest = max(self._raw_manifest_history(name), default=0)
+                if manifest.version <= newest and not (n > 1 and newest == manifest.version):
+                    raise ValueError(
+                        f"restored version {manifest.version} of {name!r} is not above its "
+                        f"newest history generation {newest}"
+                    )
+                self._raw_write_manifest(name, data, manifest.version)
+            return manifest
+
+        restored = self._retry("commit_manifest", name, attempt)
+        self._prune_history(name, restored.version, everything=True)
+        return restored
+
+    def _prune_history(self, name: str, version: int, *, everything: bool = False) -> None:
+        """Drop history generations older than the newest :data:`MANIFEST_HISTORY` (best effort:
+        a copy left behind is harmless, the next commit or restore prunes it)."""
+        try:
+            if everything:
+                floor = version - MANIFEST_HISTORY
+                old = [v for v in self._raw_manifest_history(name) if v <= floor]
+            else:
+                old = [version - MANIFEST_HISTORY] if version > MANIFEST_HISTORY else []
+            for stale in old:
+                self._raw_delete_manifest_history(name, stale)
+        except OSError:
+            pass
 
     def read_manifest(self, name: str) -> Manifest:
         """See :meth:`SnapshotStorage.read_manifest`."""
@@ -581,10 +714,12 @@ class BaseStorage(ABC):
                         f"manifest {name!r} is at version {current.version}; the commit "
                         f"expected version {manifest.version}"
                     )
-                self._raw_write_manifest(name, data)
+                self._raw_write_manifest(name, data, desired.version)
             return desired
 
-        return self._retry("commit_manifest", name, attempt)
+        committed = self._retry("commit_manifest", name, attempt)
+        self._prune_history(name, committed.version)
+        return committed
 
     def lock(self, name: str) -> LockHandle:
         """See :meth:`SnapshotStorage.lock`."""

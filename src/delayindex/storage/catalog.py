@@ -77,6 +77,12 @@ live bucket whose object is missing             keep the record, list it in
 dead letter                                     keep.
 ==============================================  ============================================
 
+Before the repair, a damaged or missing manifest (or objects of a never-committed name) is
+recovered from the manifest's history and the objects' own headers (``storage.recovery``),
+stored as the new manifest and reported in ``RepairReport.recovered`` and :meth:`problems`.
+Every object the catalog writes is stamped with its origin (this name, and the version of the
+commit that recorded its create intent), so that it describes itself.
+
 Every repair step is idempotent, so a crash during repair is repaired by the next open.
 Objects that no manifest references (planted by hand, or by another program) are left alone:
 object ids carry no unambiguous owner, so a catalog never deletes what it did not record.
@@ -113,6 +119,7 @@ from delayindex.storage.manifest import (
     WriterStatus,
     validate_key,
 )
+from delayindex.storage.recovery import HistoryStorage, ManifestRecovery, recover_manifest
 
 _log = logging.getLogger(__name__)
 
@@ -137,6 +144,9 @@ class RepairReport:
     completed_deletes: tuple[str, ...] = ()
     pending_deletes: tuple[str, ...] = ()
     missing_objects: tuple[str, ...] = ()
+    #: Non-empty when the manifest was damaged or missing and was recovered from its history
+    #: or from the objects' headers: the warning that says from what, and what it means.
+    recovered: str = ""
 
     @property
     def clean(self) -> bool:
@@ -146,6 +156,7 @@ class RepairReport:
             or self.completed_deletes
             or self.pending_deletes
             or self.missing_objects
+            or self.recovered
         )
 
 
@@ -232,7 +243,10 @@ class Catalog:
 
         Raises:
             StoreLockedError: another writer holds ``name``.
-            SnapshotCorruptError: the manifest is damaged (nothing is changed).
+            SnapshotCorruptError: the manifest is damaged or missing and nothing consistent
+                could be recovered from its history or its objects' headers; the message names
+                the files (nothing is changed). A recovery that succeeds is stored as the new
+                manifest and reported (``repair_report.recovered``, :meth:`problems`).
             StorageError, ManifestConflictError: the manifest could not be read or repaired
                 (the lock is released; whatever was done is safe to redo).
         """
@@ -243,21 +257,53 @@ class Catalog:
             raise ValueError(f"delete_retry_delay_ms must be >= 0, got {delete_retry_delay_ms}")
         lock = storage.lock(name)
         try:
+            manifest, recovery = cls._read_or_recover(storage, name)
             catalog = cls(
                 storage,
                 name,
                 lock,
-                storage.read_manifest(name),
+                manifest,
                 clock=clock or wall_clock_ms,
                 crash_hook=crash_hook,
                 max_delete_attempts=max_delete_attempts,
                 delete_retry_delay_ms=delete_retry_delay_ms,
             )
-            catalog.repair_report = catalog._repair()
+            if recovery is not None:
+                catalog._problem(recovery.summary())
+                for note in (*recovery.damaged, *recovery.unreadable):
+                    catalog._problem(note)
+            report = catalog._repair()
+            if recovery is not None:
+                report = replace(report, recovered=recovery.summary())
+            catalog.repair_report = report
         except BaseException:
             lock.release()
             raise
         return catalog
+
+    @staticmethod
+    def _read_or_recover(
+        storage: SnapshotStorage, name: str
+    ) -> tuple[Manifest, ManifestRecovery | None]:
+        """The stored manifest; or, when it is damaged or missing (or was never committed but
+        objects of this name exist), the state recovered from its history and the objects'
+        headers, stored as the new current manifest (``storage.recovery``)."""
+        try:
+            manifest = storage.read_manifest(name)
+        except SnapshotCorruptError as exc:
+            found = recover_manifest(storage, name, exc)
+        else:
+            if manifest.version != 0:
+                return manifest, None
+            found = recover_manifest(storage, name, None)  # new, or everything lost?
+        if found is None:
+            return Manifest(name), None
+        recovered, recovery = found
+        if not isinstance(storage, HistoryStorage):
+            raise SnapshotCorruptError(
+                f"{recovery.summary()}; this storage cannot store a recovered manifest"
+            )
+        return storage.restore_manifest(name, recovered), recovery
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -361,8 +407,10 @@ class Catalog:
             self._hook("create.begin")
             self._commit(before.with_intent(intent))  # 1
             self._hook("create.intent_committed")
+            # The object names its origin: this index and the commit that recorded its intent.
+            stamped = metadata.with_origin(self.name, self._manifest.version)
             try:
-                self._storage.create(metadata, segments, key)  # 2
+                self._storage.create(stamped, segments, key)  # 2
                 size = self._storage.length(key)
             except Exception as exc:
                 self._roll_back(intent, exc)
@@ -499,13 +547,14 @@ class Catalog:
             self._hook("batch.intents_committed")
 
             outcomes: list[BucketRecord | Exception] = []  # 2
+            generation = self._manifest.version  # the commit that recorded the intents
             for step, (metadata, segments) in zip(plan, creates, strict=True):
                 if not isinstance(step, Intent):
                     outcomes.append(step)
                     continue
                 key = step.snapshot_id
                 try:
-                    self._storage.create(metadata, segments, key)
+                    self._storage.create(metadata.with_origin(self.name, generation), segments, key)
                     size = self._storage.length(key)
                     outcomes.append(
                         BucketRecord(
@@ -598,10 +647,11 @@ class Catalog:
         """Phase 1 of a bulk create whose objects someone else writes (an offline rebuild).
 
         Commits one create intent per ``(start_ledger, end_ledger)`` (one commit) and returns
-        their keys, in order. The caller writes each object with ``storage.create(metadata,
-        segments, key)`` (from any process that can reach the storage), then calls
-        :meth:`publish_creates`. A crash in between leaves create intents, which repair rolls
-        back: no orphan, and the live buckets are untouched.
+        their keys, in order. The caller writes each object with
+        ``storage.create(metadata.with_origin(catalog.name, catalog.manifest.version), segments,
+        key)`` (from any process that can reach the storage; the origin is the version right
+        after this call), then calls :meth:`publish_creates`. A crash in between leaves create
+        intents, which repair rolls back: no orphan, and the live buckets are untouched.
 
         Args:
             ranges: disjoint ranges, each ``start <= end``.

@@ -5,12 +5,18 @@ Directory layout (``FileStorage(path)`` creates what is missing)::
     <path>/
       objects/<id>.dixs          one immutable snapshot object per id (codec layout)
       manifests/<name>.manifest  the manifest of each name (manifest framing)
+      manifests/<name>.manifest.<version>
+                                 history: independent copies of the newest generations
       locks/<name>.lock          writer lock of a name (flock; holds the holder's pid, for messages)
       locks/<name>.cas           short lock that serializes one manifest compare-and-swap
       tmp/<pid>-<uuid>.tmp       files being written; never read
 
 Write protocol (objects and manifests): write the bytes to a new file in ``tmp/``, ``fsync`` it,
 move it into place atomically, then ``fsync`` the target directory so the new name is durable.
+A manifest commit writes two temp files, the new manifest and its history copy (separate files
+with their own bytes: a bit flip in one never damages the other), renames the manifest, then the
+copy, and syncs ``manifests/`` once for both; the copy ``MANIFEST_HISTORY`` (3) generations
+older is then unlinked (not synced: a resurrected old copy is harmless).
 Objects move with ``os.link`` (fails if the id exists, so an object is never overwritten; the
 temp name is then unlinked); filesystems without hard links fall back to an existence check and
 ``os.replace``. Manifests move with ``os.replace`` (readers see the old file or the new one).
@@ -44,8 +50,12 @@ different state on disk. The step names are stable:
 ``object.delete.dirsync``   the object is unlinked; ``objects/`` is fsync'ed next
 ``manifest.write``          the new manifest's temp file was created, nothing written yet
 ``manifest.fsync``          the manifest temp file is written, not yet fsync'ed
+``manifest.history.write``  the history copy's own temp file was created, nothing written
+``manifest.history.fsync``  the history copy is written, not yet fsync'ed
 ``manifest.rename``         ``os.replace`` over ``manifests/<name>.manifest`` next
-``manifest.dirsync``        the new manifest has its name; ``manifests/`` is fsync'ed next
+``manifest.history.rename`` ``os.replace`` to ``manifests/<name>.manifest.<version>`` next
+``manifest.dirsync``        both have their names; ``manifests/`` is fsync'ed next
+``manifest.history.prune``  ``unlink`` of the history copy that fell out of the window next
 ==========================  =============================================================
 
 Removing a temp file is not a step (temp files are garbage whatever happens), nor are reads,
@@ -172,6 +182,10 @@ class FileStorage(BaseStorage):
     def manifest_path(self, name: str) -> Path:
         """Where the manifest of ``name`` lives."""
         return self.manifests_dir / f"{name}{MANIFEST_SUFFIX}"
+
+    def manifest_history_path(self, name: str, version: int) -> Path:
+        """Where history generation ``version`` of ``name``'s manifest lives."""
+        return self.manifests_dir / f"{name}{MANIFEST_SUFFIX}.{version}"
 
     def lock_path(self, name: str) -> Path:
         """The writer-lock file of ``name``."""
@@ -319,15 +333,48 @@ class FileStorage(BaseStorage):
             out.append(ObjectInfo(key, st.st_size, st.st_mtime_ns // 1_000_000))
         return out
 
-    def _raw_list_manifests(self) -> list[str]:
-        names = []
+    def _manifest_files(self) -> Iterator[tuple[str, int | None]]:
+        """``(name, None)`` per current manifest file, ``(name, version)`` per history copy."""
         for entry in os.scandir(self.manifests_dir):
-            name = entry.name[: -len(MANIFEST_SUFFIX)]
-            if not entry.name.endswith(MANIFEST_SUFFIX) or KEY_PATTERN.fullmatch(name) is None:
+            stem, _, tail = entry.name.rpartition(".")
+            version: int | None = None
+            if tail.isdigit() and tail.isascii() and stem.endswith(MANIFEST_SUFFIX):
+                version = int(tail)
+            else:
+                stem = entry.name
+            if not stem.endswith(MANIFEST_SUFFIX):
                 continue
-            if entry.is_file():  # as read_manifest sees it (a symlink to a file counts)
-                names.append(name)
-        return names
+            name = stem[: -len(MANIFEST_SUFFIX)]
+            if KEY_PATTERN.fullmatch(name) is None:
+                continue
+            try:
+                if entry.is_file():  # as read_manifest sees it (a symlink to a file counts)
+                    yield name, version
+            except OSError:
+                continue
+
+    def _raw_list_manifests(self) -> list[str]:
+        return sorted({name for name, _ in self._manifest_files()})
+
+    def _raw_manifest_history(self, name: str) -> list[int]:
+        prefix = f"{name}{MANIFEST_SUFFIX}."
+        out = []
+        for entry in os.scandir(self.manifests_dir):
+            tail = entry.name[len(prefix) :]
+            if entry.name.startswith(prefix) and tail.isdigit() and tail.isascii():
+                out.append(int(tail))
+        return out
+
+    def _raw_read_manifest_history(self, name: str, version: int) -> tuple[bytes | None, str]:
+        path = self.manifest_history_path(name, version)
+        try:
+            return self._read_all(path), str(path)
+        except FileNotFoundError:
+            return None, str(path)
+
+    def _raw_delete_manifest_history(self, name: str, version: int) -> None:
+        self._step("manifest.history.prune")
+        _unlink_quiet(self.manifest_history_path(name, version))
 
     def _raw_read_manifest(self, name: str) -> tuple[bytes | None, str]:
         path = self.manifest_path(name)
@@ -348,14 +395,21 @@ class FileStorage(BaseStorage):
     def _raw_manifest_guard(self, name: str) -> AbstractContextManager[object]:
         return self._cas(name)
 
-    def _raw_write_manifest(self, name: str, data: bytes) -> None:
+    def _raw_write_manifest(self, name: str, data: bytes, version: int) -> None:
         tmp = self._write_temp(data, "manifest")
+        copy: Path | None = None
         try:
+            # The history copy is a file of its own (never a hard link to the same inode), so
+            # damage to one of them leaves the other readable.
+            copy = self._write_temp(data, "manifest.history")
             self._step("manifest.rename")
             os.replace(tmp, self.manifest_path(name))
-        except BaseException:
+            self._step("manifest.history.rename")
+            os.replace(copy, self.manifest_history_path(name, version))
+        finally:
             _unlink_quiet(tmp)
-            raise
+            if copy is not None:
+                _unlink_quiet(copy)
         self._step("manifest.dirsync")
         _fsync_dir(self.manifests_dir)
 

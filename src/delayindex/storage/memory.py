@@ -9,9 +9,11 @@ Fault injection: :meth:`MemoryStorage.inject_failure` queues failures per operat
 attempt of that operation consumes one (retries therefore consume them too: three failures and
 the fourth attempt succeeds, four failures exhaust the retries). ``after=True`` makes the attempt
 take effect first and then raise, a lost acknowledgement, which exercises the idempotent-retry
-paths. Test helpers :meth:`raw_object`/:meth:`put_raw_object` (and the manifest twins) read and
-plant bytes directly, to corrupt objects or create orphans; :meth:`break_locks` forgets every
-held lock, as the death of the holding process would.
+paths. Test helpers :meth:`raw_object`/:meth:`put_raw_object` (and the manifest twins, plus
+:meth:`delete_raw_manifest` and the history's :meth:`raw_manifest_history`/
+:meth:`put_raw_manifest_history`) read and plant bytes directly, to corrupt objects or create
+orphans; :meth:`break_locks` forgets every held lock, as the death of the holding process
+would.
 
 Random faults (:meth:`MemoryStorage.set_fault_rate`) model a flaky store for soak tests. They
 are drawn *per call*, not per attempt: at a call's first attempt a seeded ``random.Random``
@@ -138,6 +140,7 @@ class MemoryStorage(BaseStorage):
         self._lock = threading.Lock()
         self._objects: dict[str, _Stored] = {}
         self._manifests: dict[str, bytes] = {}
+        self._history: dict[str, dict[int, bytes]] = {}  # name -> version -> bytes
         self._cas_lock = threading.Lock()
         self._locked: dict[str, int] = {}  # name -> token of the current holder
         self._lock_tokens = 0
@@ -307,6 +310,30 @@ class MemoryStorage(BaseStorage):
         with self._lock:
             self._manifests[name] = bytes(data)
 
+    def delete_raw_manifest(self, name: str) -> None:
+        """Remove ``name``'s current manifest (its history stays), as an operator's mistake
+        would."""
+        with self._lock:
+            self._manifests.pop(name, None)
+
+    def raw_manifest_history(self, name: str) -> dict[int, bytes]:
+        """The stored history copies of ``name``: ``{version: bytes}``."""
+        with self._lock:
+            return dict(self._history.get(name, {}))
+
+    def put_raw_manifest_history(self, name: str, version: int, data: bytes | None) -> None:
+        """Store arbitrary bytes as history generation ``version`` of ``name`` (None removes
+        it), to test damaged or missing history."""
+        validate_key(name, "manifest name")
+        with self._lock:
+            versions = self._history.setdefault(name, {})
+            if data is None:
+                versions.pop(version, None)
+            else:
+                versions[version] = bytes(data)
+            if not versions:
+                del self._history[name]
+
     def break_locks(self) -> None:
         """Forget every held writer lock, as the death of the holding process would."""
         with self._lock:
@@ -353,7 +380,24 @@ class MemoryStorage(BaseStorage):
 
     def _raw_list_manifests(self) -> list[str]:
         with self._lock:
-            return list(self._manifests)
+            return list(self._manifests.keys() | self._history.keys())
+
+    def _raw_manifest_history(self, name: str) -> list[int]:
+        with self._lock:
+            return list(self._history.get(name, ()))
+
+    def _raw_read_manifest_history(self, name: str, version: int) -> tuple[bytes | None, str]:
+        with self._lock:
+            data = self._history.get(name, {}).get(version)
+        return data, f"memory:manifests/{name}.manifest.{version}"
+
+    def _raw_delete_manifest_history(self, name: str, version: int) -> None:
+        with self._lock:
+            versions = self._history.get(name)
+            if versions is not None:
+                versions.pop(version, None)
+                if not versions:
+                    del self._history[name]
 
     def _raw_read_manifest(self, name: str) -> tuple[bytes | None, str]:
         with self._lock:
@@ -364,9 +408,12 @@ class MemoryStorage(BaseStorage):
         # compare-and-swaps so that two committers cannot interleave their read and write.
         return self._cas_lock
 
-    def _raw_write_manifest(self, name: str, data: bytes) -> None:
+    def _raw_write_manifest(self, name: str, data: bytes, version: int) -> None:
         with self._lock:
             self._manifests[name] = data
+            # bytes are immutable: sharing the object is an independent copy in every sense
+            # that matters here (put_raw_* replaces, never mutates, stored bytes).
+            self._history.setdefault(name, {})[version] = data
 
     def _raw_lock(self, name: str) -> tuple[str, Callable[[], None]]:
         where = f"memory:locks/{name}"

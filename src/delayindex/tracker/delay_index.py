@@ -455,6 +455,8 @@ class DelayIndex(QuarantineMixin, TrackerFront):
     def _recover(self) -> None:
         started = time.perf_counter()
         report = self._catalog.repair_report
+        if report.recovered:  # a damaged or missing manifest, recovered: say so, loudly
+            self._warnings.append(report.recovered)
         for snapshot_id in report.pending_deletes:
             self._warnings.append(f"delete of {snapshot_id!r} still pending after repair")
         records, overlapping = resolve_overlaps(self._catalog.buckets())
