@@ -70,7 +70,10 @@ IntentKind = Literal["create", "delete"]
 INTENT_KINDS: tuple[str, ...] = ("create", "delete")
 #: States of a :class:`QuarantineRecord`: ``active`` (positions wait for repair or release),
 #: then how it was resolved. Every state keeps the damaged object.
-QUARANTINE_STATES: tuple[str, ...] = ("active", "released", "repaired", "acknowledged", "cleared")
+#: ``kept``: an object a manifest recovery could not adopt (it contradicts the live set).
+QUARANTINE_STATES: tuple[str, ...] = (
+    "active", "released", "repaired", "acknowledged", "cleared", "kept",
+)  # fmt: skip
 _MAX_REASON = 1000
 
 

@@ -25,9 +25,9 @@ missing) proves the newest state it can:
    bucket it overlaps is adopted: live, and the buckets it encloses (a merge's sources, or an
    earlier copy of the same seal) become delete intents, as the lost commit made them. A
    candidate that partly overlaps a live bucket, or is enclosed by a bigger one, contradicts the
-   base: it is reported and kept as a dead letter (referenced, so ``gc`` leaves it, never
-   deleted by the library). Create intents without an object are rolled back as delete
-   intents; unreadable objects are reported and left alone;
+   base: it is reported and kept as a quarantine record in state ``kept`` (referenced, so
+   ``gc`` leaves it; never deleted by the library), and so is an unreadable one. Create
+   intents without an object are rolled back as delete intents;
 4. the result gets a version above every generation seen (the history's and the objects'), and
    ``Catalog.open`` stores it as the current manifest (history kept) and reports the recovery.
 
@@ -50,7 +50,7 @@ from typing import Protocol, runtime_checkable
 from delayindex.errors import SnapshotCorruptError, SnapshotNotFoundError, StorageError
 from delayindex.snapshot.format import SnapshotMetadata
 from delayindex.storage.base import SnapshotStorage
-from delayindex.storage.manifest import BucketRecord, Intent, Manifest
+from delayindex.storage.manifest import BucketRecord, Intent, Manifest, QuarantineRecord
 
 _KEY_SHAPE = re.compile(r"(.+)-(\d+)-(\d+)-[0-9a-f]{12}")
 _MAX_KEY = 200
@@ -139,7 +139,8 @@ class ManifestRecovery:
     headers). ``version``: the version the recovered manifest is stored with. ``damaged``: the
     manifest files found damaged or missing. ``adopted``: objects made live. ``superseded``:
     live buckets of the base that an adopted object encloses (now delete intents).
-    ``contradicting``: objects kept as dead letters because they contradict the live set.
+    ``contradicting``: objects kept in the quarantine (state ``kept``): they contradict the
+    live set.
     ``unreadable``: objects of the name that could not be read (left alone).
     ``mark_delete``: the recovered mark-delete position.
     """
@@ -170,7 +171,7 @@ class ManifestRecovery:
             parts.append(f"{len(self.superseded)} bucket(s) superseded by merges")
         if self.contradicting:
             parts.append(
-                f"{len(self.contradicting)} contradicting object(s) kept as dead letters "
+                f"{len(self.contradicting)} contradicting object(s) kept in the quarantine "
                 f"({', '.join(self.contradicting)})"
             )
         if self.unreadable:
@@ -308,5 +309,10 @@ def _reconcile(
 
 
 def _dead_letter(manifest: Manifest, obj: OwnedObject, why: str) -> Manifest:
-    keep = Intent("delete", obj.id, obj.start_ledger, obj.end_ledger, last_error=why[:1000])
-    return manifest.with_intent(keep).with_dead_letter(keep)
+    """Keep an object recovery could not adopt where the operator sees it: a quarantine
+    record in state ``kept`` (never deleted, by the library or by ``gc``; a dead letter
+    could be deleted by ``gc --retry-dead-letters``)."""
+    keep = QuarantineRecord(
+        obj.id, obj.start_ledger, obj.end_ledger, 0, 1, why[:1000], 0, state="kept"
+    )
+    return replace(manifest, quarantined=(*manifest.quarantined, keep))
