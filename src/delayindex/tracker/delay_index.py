@@ -21,8 +21,11 @@ snapshot creation and deletion), a clock, a timer and a background executor:
   (``Catalog.apply_batch``). A change is acknowledged (the bucket becomes durable, or leaves the
   manifest) only after the write that makes it durable, and in the order the changes were made.
 * **Load**: ``poll`` stops at a due placeholder; the driver reads the next segments (up to
-  ``LOAD_BATCH_INDEXES``; the only load in flight, under the lock) and resumes. A failed load
-  changes nothing; the next ``poll`` retries it.
+  ``LOAD_BATCH_INDEXES``; the only load in flight, under the lock) and resumes. A storage error
+  moves that bucket's placeholder past the cutoff to its retry time (``load_retry_delay_ms``,
+  backing off per failure): its messages come late, never early, and no other bucket waits.
+  Damage (checksum, decode, missing object) quarantines the bucket (``_damage``): its source
+  leaves the merge, its positions stay tracked, the manifest records it, the object is kept.
 * **Merge**: when more than ``max_num_buckets`` buckets are sealed, up to four adjacent durable
   buckets with the fewest messages are merged on the executor, whether or not their segments
   are loaded: all their segments are read back, filtered to still-tracked positions, re-cut and
@@ -39,11 +42,14 @@ snapshot creation and deletion), a clock, a timer and a background executor:
   last segment consumed), through the catalog's two-phase delete (batched by group commit).
   Failed deletes are retried on ``poll`` once their backoff (on the index's clock) runs out,
   then dead-lettered.
-* **Recovery** (:meth:`DelayIndex.open`): the catalog repairs the manifest's intents; each live
-  bucket's metadata is read, fully due segments are skipped, the bitmaps of the rest restored and
-  its first live segment loaded; the persisted mark is applied. Everything is read before
-  anything is installed, so a corrupt snapshot raises
-  :class:`~delayindex.errors.RecoveryError` having changed nothing.
+* **Recovery** (:meth:`DelayIndex.open`): the catalog repairs the manifest's intents (and
+  recovers a damaged or missing manifest from its history and the objects' headers); each live
+  bucket's metadata is read, fully due segments are skipped, the bitmaps of the rest restored
+  and its first live segment loaded; the persisted mark is applied. A damaged or missing
+  snapshot quarantines its bucket only (moved to the manifest's quarantine list in one commit
+  before anything is installed); active quarantine records are restored without delivery. A
+  storage error reading a snapshot raises :class:`~delayindex.errors.RecoveryError` having
+  changed nothing.
 
 Threads: one lock guards the core and the bucket table. Background jobs do their I/O without it
 and take it only to install results (in slices where the work is large). Jobs are queued while
@@ -1698,6 +1704,10 @@ class DelayIndex(QuarantineMixin, TrackerFront):
                     raise AssertionError(f"bucket [{b.start}, {b.end}] has no sealed range")
                 if b.state == "durable" and b.snapshot_id is None:
                     raise AssertionError("a durable bucket has no snapshot id")
+                if b.state == "quarantined" and self._core.has_source(b.sid):
+                    raise AssertionError(f"quarantined bucket [{b.start}, {b.end}] delivers")
+                if b.state in ("quarantined", "released") and (b.damage is None or b.merging):
+                    raise AssertionError(f"bucket [{b.start}, {b.end}]: bad damage record")
             live = {b.snapshot_id for b in self._buckets.values() if b.state == "durable"}
             manifest = self._catalog.manifest.live_ids()
             if not live <= manifest:
