@@ -111,6 +111,20 @@ def drain(index: DelayIndex, clock: ManualClock, schedule: Schedule) -> Counter[
     return delivered
 
 
+def damaged_at_open(
+    segment: int, bucket: int = 0
+) -> tuple[MemoryStorage, ManualClock, DelayIndex, str, Schedule]:
+    """A built index, closed, one bucket's entry ``segment`` damaged, reopened."""
+    storage, clock = MemoryStorage(), ManualClock(T0)
+    index = open_index(storage, clock)
+    schedule = build(index)
+    sid = index.buckets()[bucket].snapshot_id
+    assert sid is not None
+    index.close()
+    flip_segment(storage, sid, segment)
+    return storage, clock, open_index(storage, clock), sid, schedule
+
+
 def test_a_damaged_later_segment_quarantines_only_its_bucket() -> None:
     storage, clock = MemoryStorage(), ManualClock(T0)
     index = open_index(storage, clock)
@@ -187,14 +201,7 @@ def test_repair_from_the_dump_delivers_what_an_undamaged_index_would() -> None:
 
 
 def test_repair_after_the_metadata_is_lost_uses_what_add_would_track() -> None:
-    storage, clock = MemoryStorage(), ManualClock(T0)
-    index = open_index(storage, clock)
-    schedule = build(index)
-    sid = index.buckets()[0].snapshot_id
-    assert sid is not None
-    index.close()
-    flip_segment(storage, sid, 0)  # the metadata: positions are lost
-    index = open_index(storage, clock)
+    _, clock, index, _, schedule = damaged_at_open(0)  # the metadata: positions are lost
     [info] = index.quarantined()
     assert (info.positions_known, info.num_messages) == (False, 6)
     assert not any(index.contains(1, e) for e in range(6))
@@ -207,14 +214,7 @@ def test_repair_after_the_metadata_is_lost_uses_what_add_would_track() -> None:
 
 
 def test_repair_refuses_a_dump_that_lacks_positions_and_changes_nothing() -> None:
-    storage, clock = MemoryStorage(), ManualClock(T0)
-    index = open_index(storage, clock)
-    schedule = build(index)
-    sid = index.buckets()[0].snapshot_id
-    assert sid is not None
-    index.close()
-    flip_segment(storage, sid, 1)
-    index = open_index(storage, clock)
+    storage, _, index, _, schedule = damaged_at_open(1)
     partial = {p: t for p, t in schedule.items() if p != Position(1, 3)}
     manifest_before = storage.raw_manifest(NAME)
     with pytest.raises(ValueError, match="5 of the 6"):
@@ -249,14 +249,7 @@ def test_quarantine_survives_a_reopen_with_positions_tracked() -> None:
 
 
 def test_a_mark_past_a_quarantined_bucket_resolves_it_and_keeps_the_object() -> None:
-    storage, clock = MemoryStorage(), ManualClock(T0)
-    index = open_index(storage, clock)
-    build(index)
-    sid = index.buckets()[0].snapshot_id
-    assert sid is not None
-    index.close()
-    flip_segment(storage, sid, 0)
-    index = open_index(storage, clock)
+    storage, _, index, sid, _ = damaged_at_open(0)
     assert len(index.quarantined()) == 1
     index.set_mark_delete(2, 0)  # buckets wholly below ledger 2 are acknowledged
     index.flush()
@@ -270,14 +263,7 @@ def test_a_mark_past_a_quarantined_bucket_resolves_it_and_keeps_the_object() -> 
 
 
 def test_clear_resolves_an_active_quarantine_as_cleared() -> None:
-    storage, clock = MemoryStorage(), ManualClock(T0)
-    index = open_index(storage, clock)
-    build(index)
-    sid = index.buckets()[0].snapshot_id
-    assert sid is not None
-    index.close()
-    flip_segment(storage, sid, 0)
-    index = open_index(storage, clock)
+    storage, clock, index, sid, _ = damaged_at_open(0)
     index.clear()
     record = storage.read_manifest(NAME).quarantine(sid)
     assert record is not None and record.state == "cleared"
