@@ -1465,9 +1465,9 @@ class DelayIndex(QuarantineMixin, TrackerFront):
             return self._unpersisted()
 
     def _unpersisted(self) -> int:
-        if self._closed:
-            return 0  # nothing is held any more (close recorded what was lost)
         core = self._core
+        if isinstance(core, _ClosedCore):
+            return 0  # nothing is held any more (close recorded what was lost)
         total = core.mutable_size + core.direct_size
         for b in self._buckets.values():
             if b.state in ("creating", "memory", "released") and core.has_source(b.sid):
