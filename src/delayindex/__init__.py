@@ -17,6 +17,7 @@ from delayindex.model import Position
 from delayindex.storage import FileStorage, MemoryStorage
 from delayindex.timers import AsyncioTimer, ManualTimer, ThreadingTimer, Timer, TimerHandle
 from delayindex.tracker import InMemoryTracker
+from delayindex.tracker._damage import QuarantineInfo, RepairResult
 from delayindex.tracker.delay_index import BucketInfo, DelayIndex
 
 __version__ = "0.1.0"
@@ -33,7 +34,9 @@ __all__ = [
     "ManualTimer",
     "MemoryStorage",
     "Position",
+    "QuarantineInfo",
     "RecoveryError",
+    "RepairResult",
     "SnapshotCorruptError",
     "StorageError",
     "ThreadingTimer",
