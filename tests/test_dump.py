@@ -654,3 +654,63 @@ def test_gen_dump_cli_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit) as exc:
         main(["gen-dump", str(out)])  # --messages is required
     assert exc.value.code == EXIT_USAGE
+
+
+# -- no silent truncation -------------------------------------------------------------------------
+
+
+def _write_fractional(path: Path, fmt: str) -> None:
+    """Rows 0-2: 5.5 as an entry id, a deliver time, a publish time; row 3: integral floats."""
+    rows = [
+        (1, 5.5, 100.0, 7.0),
+        (2, 5.0, 100.5, 7.0),
+        (3, 5.0, 100.0, 7.25),
+        (4.0, 5.0, 100.0, 7.0),
+    ]
+    if fmt == "parquet":
+        cols = list(zip(*rows, strict=True))
+        table = pa.table(
+            {n: pa.array(c, pa.float64()) for n, c in zip(COLUMN_NAMES, cols, strict=True)}
+        )
+        pq.write_table(table, path)
+    elif fmt == "csv":
+        path.write_text(
+            ",".join(COLUMN_NAMES) + "\n" + "".join(f"{a},{b},{c},{d}\n" for a, b, c, d in rows)
+        )
+    else:
+        path.write_text(
+            "".join(json.dumps(dict(zip(COLUMN_NAMES, r, strict=True))) + "\n" for r in rows)
+        )
+
+
+@pytest.mark.parametrize("fmt", DUMP_FORMATS)
+def test_fractional_values_are_rejected_never_truncated(tmp_path: Path, fmt: str) -> None:
+    path = tmp_path / f"f.{fmt}"
+    _write_fractional(path, fmt)
+    got, report = read_dump(path)
+    assert report.counts["wrong_type"] == 3 and report.errors == 3
+    assert [ex["row"] for ex in report.examples["wrong_type"]] == [0, 1, 2]
+    assert "5.5" in report.examples["wrong_type"][0]["detail"]
+    # Only the integral-float row survives, as exact integers (5.0 is accepted, 5.5 is not 5).
+    assert got.ledger_ids.tolist() == [4] and got.entry_ids.tolist() == [5]
+    assert got.deliver_at.tolist() == [100] and got.publish_time is not None
+    assert got.publish_time.tolist() == [7]
+    with pytest.raises(DumpError, match="wrong_type at row 0"):
+        read_dump(path, strict=True)
+
+
+def test_fractional_values_in_a_batch_are_rejected() -> None:
+    frame = pd.DataFrame({"ledger_id": [1, 2], "entry_id": [5.5, 5.0], "deliver_at": [1.0, 2.0]})
+    got, report = validate_batch(frame)
+    assert report.counts["wrong_type"] == 1 and got.entry_ids.tolist() == [5]
+
+
+def test_dump_columns_refuse_fractions() -> None:
+    assert DumpColumns([1.0], [5.0], [9.0]).entry_ids.tolist() == [5]  # integral floats: fine
+    for bad in ([5.5], [float("nan")], [2.0**60]):
+        with pytest.raises(TypeError, match="not truncated"):
+            DumpColumns([1], bad, [9])
+    with pytest.raises(TypeError):
+        find_conflicts([1, 1], [0, 0.5], [5, 5])
+    with pytest.raises(TypeError):
+        resolve_duplicates(DumpColumns([1], [0], [5]), row_numbers=[0.5])

@@ -54,6 +54,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from delayindex._ints import INT64_MAX as _INT64_MAX
+from delayindex._ints import INT64_MIN, as_int, int64_array
 from delayindex.clock import wall_clock_ms
 from delayindex.config import TrackerConfig
 from delayindex.dump import is_position_sorted
@@ -112,7 +114,6 @@ FINDING_KINDS: tuple[str, ...] = (
 DEFAULT_ORPHAN_GRACE_MS = 600_000
 #: Examples kept per finding.
 MAX_EXAMPLES = 10
-_INT64_MAX = 2**63 - 1
 
 
 class PositionColumns(Protocol):
@@ -137,12 +138,8 @@ class PositionColumns(Protocol):
 # -- input checks -----------------------------------------------------------------------------
 
 
-def _int(value: object, what: str, low: int = -(2**63), high: int = _INT64_MAX) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
-    if not low <= int(value) <= high:
-        raise ValueError(f"{what} must be in [{low}, {high}], got {value}")
-    return int(value)
+def _int(value: object, what: str, low: int = INT64_MIN, high: int = _INT64_MAX) -> int:
+    return as_int(what, value, low, high)
 
 
 def _mark(mark_delete: object) -> tuple[int, int] | None:
@@ -177,16 +174,7 @@ def check_arguments(
 
 
 def _array(values: object, what: str) -> Int64Array:
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"{what} must be one-dimensional, got shape {arr.shape}")
-    if arr.dtype == np.int64:
-        return arr
-    if len(arr) and arr.dtype.kind not in "iu":
-        raise TypeError(f"{what} must hold integers, got dtype {arr.dtype}")
-    if arr.dtype.kind == "u" and len(arr) and int(arr.max()) > _INT64_MAX:
-        raise ValueError(f"{what} holds values that do not fit int64")
-    return arr.astype(np.int64)
+    return int64_array(values, what)  # strict: floats raise, never truncate
 
 
 def _columns(columns: PositionColumns) -> tuple[Int64Array, Int64Array, Int64Array]:

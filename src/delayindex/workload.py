@@ -49,10 +49,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from delayindex._ints import INT64_MAX, as_int, int64_array
+
 __all__ = [
     "DAY_MS",
     "DEFAULT_START_MS",
     "DELAY_MIXES",
+    "REALISTIC_COMPONENTS",
+    "UNIFORM_RANGE",
+    "GeneratorArgs",
+    "check_generator_args",
     "NOT_DELAYED",
     "Workload",
     "generate",
@@ -70,12 +76,13 @@ DAY_MS: int = 86_400_000
 #: Default ``start_ms``: 2026-01-01T00:00:00Z.
 DEFAULT_START_MS: int = 1_767_225_600_000
 
-_INT64_MAX = int(np.iinfo(np.int64).max)
+_INT64_MAX = INT64_MAX
 _MAX_ENTRIES_PER_LEDGER = 2**32
 
 # "uniform" mix bounds (inclusive, ms).
 _UNIFORM_LO = 1_000
 _UNIFORM_HI = 3_600_000
+UNIFORM_RANGE = (_UNIFORM_LO, _UNIFORM_HI)
 
 # "realistic" mix: (cumulative probability upper edge, low, high) per component, bounds inclusive.
 _REALISTIC_COMPONENTS: tuple[tuple[float, int, int], ...] = (
@@ -93,37 +100,13 @@ BoolArray = npt.NDArray[np.bool_]
 
 
 def _as_int(name: str, value: object) -> int:
-    """Return ``value`` as a Python ``int``, rejecting ``bool`` and non-integers.
-
-    Args:
-        name: Parameter name used in the error message.
-        value: The value to check; ``int`` and numpy integer scalars are accepted.
-
-    Returns:
-        The value as a plain ``int``.
-
-    Raises:
-        TypeError: If ``value`` is a ``bool`` (or ``numpy.bool_``) or not an integer.
-    """
-    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
-    return int(value)
+    """``value`` as a Python ``int`` (``TypeError`` for ``bool`` and non-integers)."""
+    return as_int(name, value)
 
 
 def _as_fraction(name: str, value: object) -> float:
-    """Return ``value`` as a ``float`` in ``[0, 1]``.
-
-    Args:
-        name: Parameter name used in the error message.
-        value: The value to check; any real number except ``bool`` is accepted.
-
-    Returns:
-        The value as a plain ``float``.
-
-    Raises:
-        TypeError: If ``value`` is a ``bool`` or not a real number.
-        ValueError: If ``value`` is NaN or outside ``[0, 1]``.
-    """
+    """``value`` as a ``float`` in ``[0, 1]``: ``TypeError`` for a ``bool`` or a non-real,
+    ``ValueError`` for NaN or outside ``[0, 1]``."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}: {value!r}")
     fraction = float(value)
@@ -143,12 +126,10 @@ def _column(name: str, value: Any) -> Int64Array:
         The column as a C-contiguous ``int64`` array.
 
     Raises:
-        ValueError: If the column is not one-dimensional.
+        ValueError: If the column is not one-dimensional or has a value beyond int64.
+        TypeError: If a value is not an integer (floats are refused, never truncated).
     """
-    arr: Int64Array = np.ascontiguousarray(value, dtype=np.int64)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be one-dimensional, got shape {arr.shape}")
-    return arr
+    return int64_array(value, name)
 
 
 @dataclass(frozen=True, eq=False)
@@ -321,6 +302,77 @@ def _realistic_delays(rng: np.random.Generator, k: int) -> Int64Array:
     return delays
 
 
+@dataclass(frozen=True)
+class GeneratorArgs:
+    """Checked generator arguments (:func:`generate`, :func:`delayindex.dump.generate_dump`)."""
+
+    n: int
+    seed: int
+    per_ledger: int
+    fraction: float
+    mix: str
+    publish_rate: int
+    start_ms: int
+    first_ledger: int
+    fixed_delay_ms: int
+
+
+def check_generator_args(
+    n: object,
+    *,
+    seed: object,
+    entries_per_ledger: object,
+    delayed_fraction: object,
+    delay_mix: object,
+    publish_rate: object,
+    start_ms: object,
+    first_ledger: object,
+    fixed_delay_ms: object,
+    n_name: str = "n_messages",
+    burst_max_delay_ms: int = DAY_MS + _MIDNIGHT_JITTER_MS,
+) -> GeneratorArgs:
+    """Check a generator's arguments (both generators share the model and its limits).
+
+    Args:
+        n_name: what errors call the message count (``generate_dump`` names it ``n``).
+        burst_max_delay_ms: the longest delay of the ``midnight-burst`` mix (``generate_dump``
+            mixes realistic delays into it), for the overflow check.
+
+    Raises:
+        TypeError: an integer argument is not an int (``bool`` is refused), or
+            ``delayed_fraction`` is not a real number.
+        ValueError: an argument out of range, an unknown ``delay_mix``, or int64 overflow.
+    """
+    n_ = as_int(n_name, n, 0, _INT64_MAX)
+    seed_ = as_int("seed", seed, 0, _INT64_MAX)
+    per_ledger = as_int("entries_per_ledger", entries_per_ledger, 1, _MAX_ENTRIES_PER_LEDGER)
+    rate = as_int("publish_rate", publish_rate, 1, _INT64_MAX)
+    start = as_int("start_ms", start_ms, 0, _INT64_MAX)
+    ledger0 = as_int("first_ledger", first_ledger, 0, _INT64_MAX)
+    fixed_delay = as_int("fixed_delay_ms", fixed_delay_ms, 0, _INT64_MAX)
+    fraction = _as_fraction("delayed_fraction", delayed_fraction)
+    if not isinstance(delay_mix, str) or delay_mix not in DELAY_MIXES:
+        valid = ", ".join(repr(m) for m in DELAY_MIXES)
+        raise ValueError(f"unknown delay_mix {delay_mix!r}; valid mixes are: {valid}")
+
+    # Overflow guards, computed with Python ints.
+    last = max(n_ - 1, 0)
+    if last * 1000 > _INT64_MAX:
+        raise ValueError(f"{n_name}={n_} is too large (publish offsets overflow int64)")
+    if ledger0 + last // per_ledger > _INT64_MAX:
+        raise ValueError(f"ledger ids would overflow int64; lower first_ledger or {n_name}")
+    max_delay = (
+        burst_max_delay_ms
+        if delay_mix == "midnight-burst"
+        else _max_delay_ms(delay_mix, fixed_delay)
+    )
+    if start + last * 1000 // rate + max_delay > _INT64_MAX:
+        raise ValueError("timestamps would overflow int64; lower start_ms or the delays")
+    return GeneratorArgs(
+        n_, seed_, per_ledger, fraction, delay_mix, rate, start, ledger0, fixed_delay
+    )
+
+
 def generate(
     n_messages: int,
     *,
@@ -356,44 +408,24 @@ def generate(
         ValueError: If a parameter is out of range, ``delay_mix`` is unknown, or the
             resulting ledger ids or timestamps would overflow ``int64``.
     """
-    n = _as_int("n_messages", n_messages)
-    seed_ = _as_int("seed", seed)
-    per_ledger = _as_int("entries_per_ledger", entries_per_ledger)
-    rate = _as_int("publish_rate", publish_rate)
-    start = _as_int("start_ms", start_ms)
-    ledger0 = _as_int("first_ledger", first_ledger)
-    fixed_delay = _as_int("fixed_delay_ms", fixed_delay_ms)
-    fraction = _as_fraction("delayed_fraction", delayed_fraction)
-
-    if n < 0:
-        raise ValueError(f"n_messages must be >= 0, got {n}")
-    if seed_ < 0:
-        raise ValueError(f"seed must be >= 0, got {seed_}")
-    if not 1 <= per_ledger <= _MAX_ENTRIES_PER_LEDGER:
-        raise ValueError(
-            f"entries_per_ledger must be in [1, 2**32 = {_MAX_ENTRIES_PER_LEDGER}], "
-            f"got {per_ledger}"
-        )
-    if not isinstance(delay_mix, str) or delay_mix not in DELAY_MIXES:
-        valid = ", ".join(repr(m) for m in DELAY_MIXES)
-        raise ValueError(f"unknown delay_mix {delay_mix!r}; valid mixes are: {valid}")
-    if rate < 1:
-        raise ValueError(f"publish_rate must be >= 1 message/s, got {rate}")
-    if start < 0:
-        raise ValueError(f"start_ms must be >= 0 (epoch ms), got {start}")
-    if ledger0 < 0:
-        raise ValueError(f"first_ledger must be >= 0, got {ledger0}")
-    if fixed_delay < 0:
-        raise ValueError(f"fixed_delay_ms must be >= 0, got {fixed_delay}")
-
-    # Overflow guards, computed with Python ints.
-    last = max(n - 1, 0)
-    if last * 1000 > _INT64_MAX:
-        raise ValueError(f"n_messages={n} is too large (publish offsets overflow int64)")
-    if ledger0 + last // per_ledger > _INT64_MAX:
-        raise ValueError("ledger ids would overflow int64; lower first_ledger or n_messages")
-    if start + last * 1000 // rate + _max_delay_ms(delay_mix, fixed_delay) > _INT64_MAX:
-        raise ValueError("timestamps would overflow int64; lower start_ms or the delays")
+    args = check_generator_args(
+        n_messages,
+        seed=seed,
+        entries_per_ledger=entries_per_ledger,
+        delayed_fraction=delayed_fraction,
+        delay_mix=delay_mix,
+        publish_rate=publish_rate,
+        start_ms=start_ms,
+        first_ledger=first_ledger,
+        fixed_delay_ms=fixed_delay_ms,
+    )
+    n, seed_, per_ledger, fraction = args.n, args.seed, args.per_ledger, args.fraction
+    rate, start, ledger0, fixed_delay = (
+        args.publish_rate,
+        args.start_ms,
+        args.first_ledger,
+        args.fixed_delay_ms,
+    )
 
     rng = np.random.default_rng(seed_)
 

@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from delayindex import _impl
+from delayindex._ints import int64_array
 from delayindex.clock import Clock
 from delayindex.config import TrackerConfig
 from delayindex.errors import TrackerClosedError
@@ -308,35 +309,10 @@ def as_int64_array(values: object, name: str) -> npt.NDArray[np.int64]:
     """Convert a sequence or integer array to a 1-d C-contiguous int64 array, strictly.
 
     Raises ``TypeError`` for floats, bools or other non-integers and ``ValueError`` for values
-    outside int64 or a shape that is not 1-d.
+    outside int64 or a shape that is not 1-d (see :func:`delayindex._ints.int64_array`).
     """
-    if isinstance(values, np.ndarray):
-        array = values
-    else:
-        if isinstance(values, str | bytes) or not hasattr(values, "__len__"):
-            raise TypeError(f"{name} must be a sequence of ints or an int64 array")
-        if len(values) == 0:
-            return np.empty(0, dtype=np.int64)
-        try:
-            array = np.asarray(values)
-        except (ValueError, OverflowError) as exc:
-            raise ValueError(f"{name}: {exc}") from None
-    if array.ndim != 1:
-        raise ValueError(f"{name} must be 1-dimensional, got shape {array.shape}")
-    kind = array.dtype.kind
-    if kind == "i":
-        return np.ascontiguousarray(array, dtype=np.int64)
-    if kind == "u":
-        if len(array) and array.max() > MAX_TIME:
-            raise ValueError(f"{name} has a value beyond int64: {int(array.max())}")
-        return np.ascontiguousarray(array, dtype=np.int64)
-    if kind == "O":
-        out = np.empty(len(array), dtype=np.int64)
-        for i, value in enumerate(array.tolist()):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name}[{i}] must be an int, got {type(value).__name__}")
-            if not MIN_TIME <= value <= MAX_TIME:
-                raise ValueError(f"{name}[{i}] does not fit int64: {value}")
-            out[i] = value
-        return out
-    raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
+    if not isinstance(values, np.ndarray) and (
+        isinstance(values, str | bytes) or not hasattr(values, "__len__")
+    ):
+        raise TypeError(f"{name} must be a sequence of ints or an int64 array")
+    return int64_array(values, name)
