@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from delayindex._ints import int64_array
 from delayindex.config import TrackerConfig
 from delayindex.errors import (
     ManifestConflictError,
@@ -437,21 +438,16 @@ class QuarantineMixin:
 
 def _dump_columns(columns: Any) -> tuple[Any, Any, Any]:
     """The int64 ``ledger_ids``, ``entry_ids`` and ``deliver_at`` of a dump, checked."""
+    names = ("ledger_ids", "entry_ids", "deliver_at")
     try:
-        cols = [
-            np.asarray(getattr(columns, name))
-            for name in ("ledger_ids", "entry_ids", "deliver_at")
-        ]
+        raw = [getattr(columns, name) for name in names]
     except AttributeError:
         raise TypeError(
             "columns must have ledger_ids, entry_ids and deliver_at (a DumpColumns or Workload)"
         ) from None
-    for name, col in zip(("ledger_ids", "entry_ids", "deliver_at"), cols, strict=True):
-        if col.dtype.kind not in "iu" or col.ndim != 1:
-            raise TypeError(f"{name} must be a 1-D integer array")
-    if not len(cols[0]) == len(cols[1]) == len(cols[2]):
+    ledgers, entries, times = (int64_array(v, n) for v, n in zip(raw, names, strict=True))
+    if not len(ledgers) == len(entries) == len(times):
         raise ValueError("the dump's columns differ in length")
-    ledgers, entries, times = (c.astype(np.int64) for c in cols)
     if len(ledgers) and (
         int(ledgers.min()) < 0 or int(ledgers.max()) > MAX_LEDGER_ID
         or int(entries.min()) < 0 or int(entries.max()) > 0xFFFFFFFF
