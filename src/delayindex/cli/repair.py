@@ -19,14 +19,25 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from delayindex.cli._common import (
+    EXIT_CHECK_FAILED,
+    EXIT_CODES_HELP,
+    EXIT_OK,
+    EXIT_STORE_ERROR,
+    EXIT_USAGE,
+    _name,
+    add_now_ms,
+    add_output,
+    add_store,
+    add_tick_ms,
+    handler,
+)
 from delayindex.config import TrackerConfig
 from delayindex.errors import DelayIndexError
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_STORE_ERROR = 0, 1, 2, 3
 
-
-def add_repair_command(sub: Any, name_type: Any, exit_codes_help: str) -> None:
-    """Register ``repair`` on the CLI's subparsers."""
+def register(sub: Any) -> None:
+    """Add ``repair`` to the CLI's subparsers."""
     repair = sub.add_parser(
         "repair",
         help="rebuild quarantined buckets from a topic dump (or release them)",
@@ -35,24 +46,20 @@ def add_repair_command(sub: Any, name_type: Any, exit_codes_help: str) -> None:
         "the damaged objects are kept. The index must not be open elsewhere (stop the "
         "dispatcher). With --release, give up on the lost delivery times instead: the buckets "
         "leave the quarantine, and the dispatcher's replay of their ledger ranges after its "
-        "restart re-adds their messages (due ones are delivered at once). " + exit_codes_help,
+        "restart re-adds their messages (due ones are delivered at once). " + EXIT_CODES_HELP,
         epilog="Exit 1: the dump lacks positions of a quarantined bucket (nothing changed).",
     )
-    repair.add_argument("--store", required=True, type=Path, help="FileStorage directory")
-    repair.add_argument("--name", required=True, type=name_type, help="the index name")
+    add_store(repair)
+    repair.add_argument("--name", required=True, type=_name, help="the index name")
     repair.add_argument("--dump", type=Path, default=None, help="dump file or directory")
     repair.add_argument("--format", default=None, help="dump format (default: from the names)")
     repair.add_argument("--snapshot", default=None, help="only this quarantined snapshot id")
     repair.add_argument("--release", action="store_true", help="release instead of repairing")
-    repair.add_argument(
-        "--tick-ms", type=int, default=TrackerConfig().tick_ms,
-        help="TrackerConfig.tick_ms of the index (default %(default)s)",
-    )  # fmt: skip
-    repair.add_argument(
-        "--now-ms", type=int, default=None,
-        help="the index's clock, epoch ms (default: the wall clock)",
-    )  # fmt: skip
-    repair.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_tick_ms(repair, "TrackerConfig.tick_ms of the index (default %(default)s)")
+    add_now_ms(repair, "the index's clock, epoch ms (default: the wall clock)")
+    add_output(repair, "result", None)
+    # run_repair prints its own errors (on stdout, as it always has).
+    repair.set_defaults(func=handler(run_repair))
 
 
 def run_repair(args: argparse.Namespace, console: Console) -> int:

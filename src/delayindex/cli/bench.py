@@ -1,0 +1,167 @@
+"""``delayindex bench``: run the repository's benchmark suite (``benchmarks/``,
+pytest-benchmark) in this process, write pytest-benchmark's JSON and print each benchmark's
+ratio to the heapq baseline of its group (``benchmarks/gate.py`` computes the ratios). Only a
+source checkout has the suite; :func:`find_benchmarks_dir` finds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from delayindex.cli._common import (
+    EXIT_CHECK_FAILED,
+    EXIT_CODES_HELP,
+    EXIT_OK,
+    EXIT_USAGE,
+    _UsageError,
+    handler,
+)
+
+
+def register(sub: Any) -> None:
+    """Add ``bench`` to the CLI's subparsers."""
+    bench = sub.add_parser(
+        "bench",
+        help="run the benchmark suite (quick tier by default) and print ratios to heapq",
+        description="Run the repository's benchmark suite (benchmarks/, pytest-benchmark) in "
+        "this process, write pytest-benchmark's JSON and print every benchmark's min time (or "
+        "bytes per message) and its ratio to the heapq baseline measured in the same run. "
+        "Needs a checkout with an editable install and the test extra "
+        "(pip install -e '.[test]'). " + EXIT_CODES_HELP,
+        epilog="Exit 1: a benchmark failed its own checks. Exit 2: no benchmarks directory "
+        "(a non-editable install has none), pytest-benchmark missing, or bad arguments.",
+    )
+    tier = bench.add_mutually_exclusive_group()
+    tier.add_argument(
+        "--quick",
+        dest="tier",
+        action="store_const",
+        const="quick",
+        help="the quick tier (default): sizes 1e5, memory 1e5 and 1e6, no Spark; minutes",
+    )
+    tier.add_argument(
+        "--full",
+        dest="tier",
+        action="store_const",
+        const="full",
+        help="the full tier: sizes up to 1e7 and every group; hours and up to ~24 GiB",
+    )
+    bench.set_defaults(tier="quick")
+    bench.add_argument(
+        "--json-out",
+        type=Path,
+        default=Path("delayindex-bench.json"),
+        help="where to write pytest-benchmark's JSON (default ./delayindex-bench.json)",
+    )
+    bench.add_argument(
+        "--benchmarks-dir",
+        type=Path,
+        default=None,
+        help="the suite to run (default: benchmarks/ of the checkout delayindex runs from)",
+    )
+    bench.add_argument(
+        "-k",
+        dest="keyword",
+        default=None,
+        help="only benchmarks matching this pytest -k expression",
+    )
+    bench.set_defaults(func=handler(_bench, (((_UsageError,), EXIT_USAGE, "error"),)))
+
+
+def find_benchmarks_dir(given: Path | None = None) -> Path:
+    """The benchmark suite to run: ``given``, else ``benchmarks/`` beside this checkout's ``src/``.
+
+    Raises:
+        _UsageError: the directory holds no suite (no ``conftest.py`` and ``gate.py``), e.g.
+            because delayindex is installed from a wheel, which ships no benchmarks.
+    """
+    where = given if given is not None else Path(__file__).resolve().parents[3] / "benchmarks"
+    if not ((where / "conftest.py").is_file() and (where / "gate.py").is_file()):
+        raise _UsageError(
+            f"no benchmark suite at {where}: `delayindex bench` runs the benchmarks/ directory "
+            "of a source checkout, which an installed wheel does not have; install the checkout "
+            "in editable mode (pip install -e '.[test]') or pass --benchmarks-dir"
+        )
+    return where
+
+
+def _bench(args: argparse.Namespace, console: Console) -> int:
+    import importlib.util
+
+    missing = [m for m in ("pytest", "pytest_benchmark") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise _UsageError(
+            f"delayindex bench needs {' and '.join(missing)}: pip install -e '.[test]'"
+        )
+    suite = find_benchmarks_dir(args.benchmarks_dir)
+    spec = importlib.util.spec_from_file_location("delayindex_bench_gate", suite / "gate.py")
+    if spec is None or spec.loader is None:  # pragma: no cover - find_benchmarks_dir checked it
+        raise _UsageError(f"cannot load {suite / 'gate.py'}")
+    gate: Any = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = gate  # dataclasses look their module up there
+    spec.loader.exec_module(gate)
+    import pytest
+
+    out = args.json_out.resolve()
+    argv = [
+        str(suite),
+        "--benchmark-enable",
+        f"--bench-tier={args.tier}",
+        f"--benchmark-json={out}",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--rootdir={suite.parent}",
+    ]
+    if (suite.parent / "pyproject.toml").is_file():
+        argv.append(f"--config-file={suite.parent / 'pyproject.toml'}")
+    if args.keyword:
+        argv += ["-k", args.keyword]
+    started = time.monotonic()
+    code = int(pytest.main(argv))
+    elapsed = time.monotonic() - started
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=160)  # a log file: room for the labels
+    if not out.is_file():
+        console.print(f"delayindex bench: pytest exited {code} and wrote no results", style="red")
+        return EXIT_CHECK_FAILED if code == 1 else EXIT_USAGE
+    console.print(_bench_table(gate, out, args.tier, elapsed))
+    console.print(
+        f"JSON: {out}\nGate: python {suite / 'gate.py'} {out}", highlight=False, soft_wrap=True
+    )
+    return {0: EXIT_OK, 1: EXIT_CHECK_FAILED}.get(code, EXIT_USAGE)
+
+
+def _bench_table(gate: Any, out: Path, tier: str, elapsed: float) -> Table:
+    """One row per benchmark: group, structure, min time or bytes/msg, ratio to heapq."""
+    ratios = gate.ratios(gate.load_records(out))
+    table = Table(
+        title=f"delayindex bench --{tier}: {len(ratios)} benchmarks in {elapsed:.0f} s",
+        caption="ratio: min time (memory groups: bytes/msg) over the heapq row of the same "
+        "group, same run; below 1 is better",
+    )
+    for column in ("group", "structure", "min time / memory", "ratio vs heapq"):
+        table.add_column(column, justify="right" if column.startswith(("min", "ratio")) else "left")
+    previous = None
+    for ratio in sorted(ratios.values(), key=lambda r: (r.group, r.ratio or 0.0, r.name)):
+        if ratio.metric == "time":
+            figure = f"{ratio.value * 1e3:.2f} ms" if ratio.value < 1 else f"{ratio.value:.2f} s"
+        else:
+            figure = f"{ratio.value:.1f} B/msg"
+        table.add_row(
+            escape(ratio.group) if ratio.group != previous else "",
+            escape(ratio.label),
+            figure,
+            "-" if ratio.ratio is None else f"{ratio.ratio:.3g}",
+        )
+        previous = ratio.group
+    return table
