@@ -17,7 +17,7 @@ How a rebuild works (pure functions, no Spark; the Spark job calls the same ones
    and a ledger with no tracked message belongs to no bucket. A rebuild persists everything, so
    the last bucket is sealed too. If ``max_num_buckets > 0`` and there are more buckets, adjacent
    ones are merged with the online selection
-   (:func:`~delayindex.tracker.delay_index.select_merge_window`) until the count fits.
+   (:func:`~delayindex.policy.select_merge_window`) until the count fits.
 3. :func:`build_bucket` sorts and cuts one bucket's indexes exactly as the online tracker's
    ``_build`` does (``build_snapshot`` with the config's segment limits).
 4. :func:`rebuild_local` writes with the catalog's two-phase bulk create: one commit reserves a
@@ -67,11 +67,11 @@ from delayindex.errors import (
 )
 from delayindex.gc import find_garbage
 from delayindex.model import MAX_ENTRY_ID, MAX_LEDGER_ID
+from delayindex.policy import select_merge_window
 from delayindex.snapshot.format import PreparedSegments, SnapshotMetadata, build_snapshot
 from delayindex.storage.base import SnapshotStorage
 from delayindex.storage.catalog import Catalog
 from delayindex.storage.manifest import BucketRecord, Manifest, validate_key
-from delayindex.tracker.delay_index import select_merge_window
 
 __all__ = [
     "DEFAULT_ORPHAN_GRACE_MS",
