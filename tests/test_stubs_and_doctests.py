@@ -47,3 +47,25 @@ def test_docstring_examples_run(name: str) -> None:
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0, f"{result.failed} docstring example(s) failed in {name}"
+
+
+def test_both_cores_return_the_named_add_results() -> None:
+    """The drivers compare ``add`` results with delayindex.model's names; both twins agree."""
+    from delayindex import _impl
+    from delayindex._pure.bucket import BucketCore as PureBucketCore
+    from delayindex.model import (
+        ADD_ACKED,
+        ADD_DELIVER,
+        ADD_DUPLICATE,
+        ADD_SEAL_FIRST,
+        ADD_TRACKED,
+    )
+
+    for cls in {_impl.BucketCore, PureBucketCore}:
+        core = cls(0, True, 0, 1)
+        assert core.add(1, 0, 100, 0) == ADD_TRACKED
+        assert core.add(1, 0, 100, 0) == ADD_DUPLICATE
+        assert core.add(1, 1, -1, 0) == ADD_DELIVER
+        assert core.add(2, 0, 100, 0) == ADD_SEAL_FIRST  # the mutable bucket is full
+        core.untrack_upto(1, 5)
+        assert core.add(1, 2, 100, 0) == ADD_ACKED

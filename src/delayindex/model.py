@@ -11,6 +11,10 @@ MAX_ENTRY_ID = 2**32 - 1
 #: Deliver times are signed 64-bit epoch milliseconds.
 MIN_TIME = -(2**63)
 MAX_TIME = 2**63 - 1
+#: What a core's ``add`` returns (the native and pure twins return the same ints): deliver now,
+#: now tracked, already tracked, seal the mutable bucket first (nothing done), acknowledged
+#: (at or below the mark-delete: neither tracked nor delivered).
+ADD_DELIVER, ADD_TRACKED, ADD_DUPLICATE, ADD_SEAL_FIRST, ADD_ACKED = 0, 1, 2, 3, 4
 
 
 class Position(NamedTuple):

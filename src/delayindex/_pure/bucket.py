@@ -43,11 +43,21 @@ from delayindex._pure._ints import as_i64, check_ids
 from delayindex._pure._ticked import TickedCore
 from delayindex._pure.heap import TripleHeap, _int64_column
 from delayindex._pure.index import LedgerIndex
-from delayindex.model import MAX_ENTRY_ID, Position
+from delayindex.model import (
+    ADD_ACKED,
+    ADD_DELIVER,
+    ADD_DUPLICATE,
+    ADD_SEAL_FIRST,
+    ADD_TRACKED,
+    MAX_ENTRY_ID,
+    Position,
+)
 
 Int64Array = npt.NDArray[np.int64]
 #: ``add`` result codes (``ACKED``: at or below the mark-delete, dropped; do not deliver).
-DELIVER, TRACKED, DUPLICATE, SEAL_FIRST, ACKED = 0, 1, 2, 3, 4
+DELIVER, TRACKED, DUPLICATE, SEAL_FIRST, ACKED = (
+    ADD_DELIVER, ADD_TRACKED, ADD_DUPLICATE, ADD_SEAL_FIRST, ADD_ACKED,
+)  # fmt: skip
 
 
 def _column(values: object) -> Int64Array:

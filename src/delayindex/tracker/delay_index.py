@@ -84,7 +84,7 @@ from delayindex.errors import (
     StorageError,
     TrackerClosedError,
 )
-from delayindex.model import MAX_TIME, Position
+from delayindex.model import ADD_DELIVER, ADD_SEAL_FIRST, ADD_TRACKED, MAX_TIME, Position
 from delayindex.policy import (
     backoff_delay_ms,
     resolve_overlaps,
@@ -105,7 +105,6 @@ from delayindex.tracker.in_memory import _ClosedCore, _diagnose, as_int64_array
 
 _log = logging.getLogger(__name__)
 _DEFAULT_CONFIG = TrackerConfig()
-_SEAL_FIRST = 3
 #: A segment load reads consecutive segments until they hold this many indexes.
 LOAD_BATCH_INDEXES = 4096
 #: A merge reads its sources this many segments at a time, and filters this many rows per
@@ -577,7 +576,7 @@ class DelayIndex(QuarantineMixin, TrackerFront):
             now = self._clock()
             try:
                 code = self._core.add(ledger_id, entry_id, deliver_at, now)
-                if code == 3:  # the mutable bucket must be sealed first
+                if code == ADD_SEAL_FIRST:  # nothing was done: seal, then add again
                     self._seal()
                     code = self._core.add(ledger_id, entry_id, deliver_at, now)
             except (TypeError, OverflowError):
@@ -586,14 +585,14 @@ class DelayIndex(QuarantineMixin, TrackerFront):
                 raise
             arming = self._arming
             if (
-                code == 1
+                code == ADD_TRACKED
                 and arming is not None
                 and (arming.target < 0 or deliver_at < arming.target)
             ):
                 arming.update(self._core.next_time(), now, self._core.tick_ms)
         if self._queued:
             self._submit_queued()
-        return bool(code != 0)
+        return bool(code != ADD_DELIVER)
 
     def add_many(
         self, ledger_ids: object, entry_ids: object, deliver_ats: object

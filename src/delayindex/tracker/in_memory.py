@@ -26,7 +26,7 @@ from delayindex._ints import int64_array
 from delayindex.clock import Clock
 from delayindex.config import TrackerConfig
 from delayindex.errors import TrackerClosedError
-from delayindex.model import MAX_ENTRY_ID, MAX_TIME, MIN_TIME, Position
+from delayindex.model import ADD_DELIVER, ADD_TRACKED, MAX_ENTRY_ID, MAX_TIME, MIN_TIME, Position
 from delayindex.timers import ArmingRule, Timer
 from delayindex.tracker._front import TrackerFront, as_count
 
@@ -106,12 +106,12 @@ class InMemoryTracker(TrackerFront):
                 raise
             arming = self._arming
             if (
-                code == 1
+                code == ADD_TRACKED
                 and arming is not None
                 and (arming.target < 0 or deliver_at < arming.target)
             ):
                 arming.update(self._core.next_time(), now, self._core.tick_ms)
-            return bool(code != 0)
+            return bool(code != ADD_DELIVER)
 
     def add_many(
         self, ledger_ids: object, entry_ids: object, deliver_ats: object
