@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from delayindex.cli import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, main
-from delayindex.demo import DemoResult, run_demo
+from delayindex.simulate import SimulationResult, run_simulation
 
 
 def test_demo_json_verifies(capsys: pytest.CaptureFixture[str]) -> None:
@@ -32,9 +32,9 @@ def test_demo_table(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_demo_result_flags_problems() -> None:
-    result = run_demo(2000, seed=3)
+    result = run_simulation(2000, seed=3)
     assert result.ok
-    broken = DemoResult(**{**result.__dict__, "lost": 1})
+    broken = SimulationResult(**{**result.__dict__, "lost": 1})
     assert not broken.ok
 
 

@@ -1,4 +1,4 @@
-"""delayindex.gc: orphans found and collected exactly, intents resumed, nothing else touched.
+"""delayindex.garbage: orphans found and collected exactly, intents resumed, nothing else touched.
 
 Stores are MemoryStorage instances on a settable clock (so object ages are exact) written through
 real Catalogs; FileStorage is used where its temp files matter. The CLI and a full DelayIndex
@@ -16,7 +16,7 @@ import pytest
 
 from delayindex.clock import ManualClock
 from delayindex.errors import StorageError
-from delayindex.gc import GcReport, find_garbage, run_gc
+from delayindex.garbage import GcReport, find_garbage, run_gc
 from delayindex.snapshot.codec import encode_snapshot
 from delayindex.snapshot.format import Segment, SnapshotMetadata, build_snapshot
 from delayindex.storage import (

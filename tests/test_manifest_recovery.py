@@ -22,7 +22,7 @@ from delayindex.cli import main
 from delayindex.errors import RecoveryError, SnapshotCorruptError
 from delayindex.executors import InlineExecutor
 from delayindex.fsck import check_store
-from delayindex.gc import run_gc
+from delayindex.garbage import run_gc
 from delayindex.snapshot.codec import encode_snapshot
 from delayindex.snapshot.format import build_snapshot
 from delayindex.storage import Catalog, FileStorage

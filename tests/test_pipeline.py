@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from delayindex.pipeline import run_pipeline
+from delayindex.demo import run_demo
 
 pytestmark = pytest.mark.spark
 
 
 def test_pipeline_verifies_end_to_end(spark: Any, tmp_path: Path) -> None:
     stages: list[str] = []
-    result = run_pipeline(20_000, seed=3, workdir=tmp_path, spark=spark, progress=stages.append)
+    result = run_demo(20_000, seed=3, workdir=tmp_path, spark=spark, progress=stages.append)
     assert result.ok, result.as_dict()
     assert len(stages) == 5  # dump, rebuild, open + dispatch, verify, drain (Spark given)
     assert 0 < result.expected < result.messages  # about half are delayed
@@ -27,9 +27,9 @@ def test_pipeline_verifies_end_to_end(spark: Any, tmp_path: Path) -> None:
 
 
 def test_pipeline_result_flags_problems() -> None:
-    from delayindex.pipeline import PipelineResult
+    from delayindex.demo import DemoResult
 
-    good = PipelineResult(expected=5, recovered=5, verify_ok=True)
+    good = DemoResult(expected=5, recovered=5, verify_ok=True)
     assert good.ok
     for broken in (
         {"lost": 1},
@@ -41,4 +41,4 @@ def test_pipeline_result_flags_problems() -> None:
         {"recovered": 4},
         {"rejected_rows": 1},
     ):
-        assert not PipelineResult(**{"expected": 5, "recovered": 5, "verify_ok": True, **broken}).ok
+        assert not DemoResult(**{"expected": 5, "recovered": 5, "verify_ok": True, **broken}).ok

@@ -33,7 +33,7 @@ import delayindex
 from delayindex import DelayIndex, FileStorage, ManualClock, MemoryStorage, TrackerConfig, _impl
 from delayindex.errors import StoreLockedError
 from delayindex.executors import InlineExecutor
-from delayindex.gc import find_garbage
+from delayindex.garbage import find_garbage
 from delayindex.rebuild import (
     FINDING_KINDS,
     RebuildReport,

@@ -25,7 +25,7 @@ from delayindex import DelayIndex, FileStorage, ManualClock, TrackerConfig
 from delayindex.cli import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, main
 from delayindex.dump import DumpColumns, DumpError, generate_dump, read_dump, write_dump
 from delayindex.executors import InlineExecutor
-from delayindex.gc import find_garbage
+from delayindex.garbage import find_garbage
 from delayindex.rebuild import plan_buckets, rebuild_local, tracked_mask
 from delayindex.spark import DumpRebuildReport, rebuild, verify
 from delayindex.storage import Catalog

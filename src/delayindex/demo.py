@@ -1,196 +1,260 @@
-"""The demo: a dispatcher simulation over a realistic workload, checked end to end.
+"""The main job (``delayindex demo``): dump, Spark rebuild, open, dispatch, verify, drain.
 
-How it works. A topic's messages (``delayindex.workload``, the realistic mix) are "published" in
-windows of publish time. For each window a simulated dispatcher sets a :class:`ManualClock` to the
-window's end, hands the window to the tracker with ``add_many`` (re-adding an earlier window now
-and then, as a dispatcher replaying its cursor does), lets the :class:`ManualTimer` fire, and
-polls while messages are due. After the last window the clock jumps from timer deadline to timer
-deadline until everything is delivered.
+How it works. Everything happens in a fresh work directory, on the embedded defaults:
 
-Every delivery is checked against the workload: each delayed message is delivered exactly once,
-never before ``deliver_at - tick`` (``deliver_at`` in strict mode), and nothing is lost. The
-result says whether all checks held; the CLI turns that into the exit code.
+1. **gen-dump**: :func:`delayindex.dump.generate_dump` writes a realistic topic dump (half the
+   messages delayed; 70 % 1-60 s, 25 % 1-60 min, 5 % 1-10 days) as Parquet.
+2. **rebuild**: :func:`delayindex.spark.rebuild` (local Spark) builds the delayed index of the
+   dump as of its first publish time, straight into a FileStorage store, through the two-phase
+   protocol.
+3. **open + short dispatch**: :meth:`DelayIndex.open` recovers the rebuilt index; a dispatcher on
+   a :class:`ManualClock` polls what is due during the first :data:`SHORT_DISPATCH_MS` and closes
+   without acknowledging (so the store still holds the whole index).
+4. **verify**: :func:`delayindex.spark.verify` checks the store against the dump (every expected
+   position in exactly one bucket with its deliver time, nothing extra, checksums, manifest,
+   orphans).
+5. **drain**: the index is reopened and drained to the end; every delivery is checked against
+   the dump.
+
+The checks: every delayed, not-yet-due message of the dump is delivered at least once (the
+short dispatch's deliveries come back after the reopen, as at-least-once delivery promises, and
+are counted as redeliveries, not duplicates), never twice within one run, never before its
+deliver time (strict mode); nothing else is delivered; the verify report is clean; and the store
+ends with no snapshot object left (everything delivered, every bucket deleted, nothing orphaned).
 """
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from delayindex import _impl
 from delayindex.clock import ManualClock
 from delayindex.config import TrackerConfig
-from delayindex.timers import ManualTimer
-from delayindex.tracker.in_memory import InMemoryTracker
-from delayindex.workload import Workload, generate
+from delayindex.dump import generate_dump, write_dump
+from delayindex.storage.file import FileStorage
+from delayindex.tracker.delay_index import DelayIndex
 
-ENTRIES_PER_LEDGER = 1000
-WINDOW_MS = 100
-POLL_BATCH = 1000
-REPLAY_EVERY = 50  # re-add the previous window every N windows (cursor replay)
+NAME = "demo"
+#: Simulated time of the short dispatch after the first open.
+SHORT_DISPATCH_MS = 60_000
+#: Clock step of the short dispatch.
+DISPATCH_STEP_MS = 1_000
+POLL_BATCH = 10_000
+#: The demo's tracker settings: strict (nothing early), buckets of 50 000 (the default).
+DEMO_CONFIG = TrackerConfig(strict=True, tick_ms=0)
+
+Progress = Callable[[str], None]
 
 
 @dataclass
 class DemoResult:
-    """What the demo measured and verified."""
+    """What the main job did and found (``ok`` when every check held)."""
 
-    messages: int
-    delayed: int
-    tracked: int
-    immediate: int
-    replayed_adds: int
-    polled: int
-    lost: int
-    polled_twice: int
-    early: int
-    max_late_ms: int
-    mean_late_ms: float
-    timer_fires: int
-    peak_tracked: int
-    peak_memory_bytes: int
-    ingest_seconds: float
-    drain_seconds: float
-    implementation: str
-    config: dict[str, Any] = field(default_factory=dict)
+    messages: int = 0
+    expected: int = 0
+    dump_bytes: int = 0
+    gen_seconds: float = 0.0
+    rebuild_seconds: float = 0.0
+    rebuild_rate: float = 0.0
+    spark_master: str = ""
+    buckets: int = 0
+    snapshot_bytes: int = 0
+    rejected_rows: int = 0
+    open_seconds: float = 0.0
+    recovered: int = 0
+    short_dispatch_delivered: int = 0
+    verify_ok: bool = False
+    verify_findings: dict[str, int] = field(default_factory=dict)
+    verify_seconds: float = 0.0
+    delivered: int = 0
+    redelivered: int = 0
+    lost: int = 0
+    delivered_twice: int = 0
+    early: int = 0
+    unexpected: int = 0
+    drain_seconds: float = 0.0
+    objects_left: int = 0
+    implementation: str = ""
+    workdir: str = ""
 
     @property
     def ok(self) -> bool:
-        """True when nothing was lost, polled twice or delivered early."""
-        return self.lost == 0 and self.polled_twice == 0 and self.early == 0
+        """Every check held."""
+        return (
+            self.verify_ok
+            and self.lost == 0
+            and self.delivered_twice == 0
+            and self.early == 0
+            and self.unexpected == 0
+            and self.objects_left == 0
+            and self.rejected_rows == 0
+            and self.recovered == self.expected
+        )
 
-    @property
-    def bytes_per_message(self) -> float:
-        """Peak estimated resident bytes per tracked message."""
-        return self.peak_memory_bytes / max(self.peak_tracked, 1)
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data (JSON-ready), with ``ok``."""
+        return {**asdict(self), "ok": self.ok}
+
+
+class _Checker:
+    """Checks deliveries against the expected (deliver_at by position) table; counts the
+    unexpected, early and twice-in-one-run deliveries over every run."""
+
+    def __init__(self, ledgers: Any, entries: Any, deliver_at: Any) -> None:
+        self.expected: dict[tuple[int, int], int] = {
+            (ledger, entry): due  # tolist(): plain ints
+            for ledger, entry, due in zip(
+                ledgers.tolist(), entries.tolist(), deliver_at.tolist(), strict=True
+            )
+        }
+        self.early = self.unexpected = self.twice = 0
+
+    def run(
+        self, index: DelayIndex, clock: ManualClock, until_ms: int | None
+    ) -> set[tuple[int, int]]:
+        """Dispatch until ``until_ms`` (None: until nothing is tracked); returns the expected
+        positions delivered in this run."""
+        seen: set[tuple[int, int]] = set()
+        while True:
+            for position in index.poll(POLL_BATCH):
+                key = (position.ledger_id, position.entry_id)
+                due = self.expected.get(key)
+                if due is None:
+                    self.unexpected += 1
+                    continue
+                if due > clock():
+                    self.early += 1
+                if key in seen:
+                    self.twice += 1
+                seen.add(key)
+            if index.has_message_available():
+                continue
+            following = index.next_delivery_time()
+            if following is None or (until_ms is not None and following > until_ms):
+                return seen
+            clock.set(max(clock() + (DISPATCH_STEP_MS if until_ms is not None else 0), following))
 
 
 def run_demo(
     messages: int = 1_000_000,
     *,
     seed: int = 7,
-    tick_ms: int = 1000,
-    strict: bool = False,
-    progress: Callable[[int, int], object] | None = None,
+    master: str = "local[*]",
+    workdir: str | Path | None = None,
+    keep: bool = False,
+    progress: Progress | None = None,
+    spark: Any | None = None,
 ) -> DemoResult:
-    """Run the simulation and verify every delivery.
+    """Run the main job end to end (see the module docs) and return what it found.
 
     Args:
-        messages: messages published (about half are delayed).
-        seed: workload seed.
-        tick_ms: tracker tick (non-strict deliveries may come up to one tick early).
-        strict: never deliver before ``deliver_at``.
-        progress: optional ``progress(done, total)`` called as windows are ingested.
-
-    Returns:
-        A :class:`DemoResult`; ``result.ok`` tells whether every check held.
+        messages: rows of the generated dump.
+        seed: the dump generator's seed.
+        master: the Spark master (local mode by default).
+        workdir: where the dump and the store go (default: a fresh temporary directory).
+        keep: keep the temporary work directory afterwards (a given ``workdir`` is always
+            kept).
+        progress: called with a short description as each stage starts.
+        spark: a running SparkSession to use (left running); default: start a local session
+            on ``master`` and stop it when done.
 
     Raises:
-        ValueError: ``messages`` is not a positive int.
+        delayindex.spark.SparkUnavailableError: pyspark or Java 17+ is missing.
     """
-    if isinstance(messages, bool) or not isinstance(messages, int) or messages < 1:
-        raise ValueError(f"messages must be a positive int, got {messages!r}")
-    workload = generate(messages, seed=seed, entries_per_ledger=ENTRIES_PER_LEDGER)
-    first_ledger = int(workload.ledger_ids[0])
-    deliver_at = workload.deliver_at
-    slack = 0 if strict else tick_ms
-    polls = np.zeros(messages, dtype=np.int32)  # deliveries handed out by poll()
-    lateness: list[np.ndarray] = []
-    delivered_now = np.zeros(messages, dtype=np.bool_)  # add() said "deliver now" at least once
-    early = 0
+    from delayindex import spark as spark_jobs
 
-    clock = ManualClock(int(workload.publish_ms[0]))
-    timer = ManualTimer(clock)
-    fires = [0]
-
-    def on_ready() -> None:
-        fires[0] += 1
-
-    config = TrackerConfig(tick_ms=tick_ms, strict=strict)
-    tracker = InMemoryTracker(config, clock=clock, timer=timer, on_ready=on_ready)
-
-    def index_of(ledgers: np.ndarray, entries: np.ndarray) -> np.ndarray:
-        index: np.ndarray = (ledgers - first_ledger) * ENTRIES_PER_LEDGER + entries
-        return index
-
-    def check_on_time(index: np.ndarray) -> None:
-        nonlocal early
-        due = deliver_at[index]
-        delayed = due >= 0
-        early += int((clock() < due[delayed] - slack).sum())
-
-    def add(chunk: Workload) -> np.ndarray:
-        accepted = tracker.add_many(chunk.ledger_ids, chunk.entry_ids, chunk.deliver_at)
-        index = index_of(chunk.ledger_ids, chunk.entry_ids)[~accepted]
-        delivered_now[index] = True
-        check_on_time(index)
-        return accepted
-
-    def dispatch() -> None:
-        timer.run_due()
-        while tracker.has_message_available():
-            batch = tracker.poll(POLL_BATCH)
-            pairs = np.asarray(batch, dtype=np.int64).reshape(-1, 2)
-            index = index_of(pairs[:, 0], pairs[:, 1])
-            np.add.at(polls, index, 1)
-            check_on_time(index)
-            lateness.append(clock() - deliver_at[index])
-
-    tracked = immediate = replayed = peak_tracked = peak_memory = 0
-    chunks = list(workload.chunks_by_publish_time(WINDOW_MS))
-    previous: Workload | None = None
-    started = time.perf_counter()
-    for n, (window_end, chunk) in enumerate(chunks):
-        clock.set(max(clock(), window_end - 1))
-        accepted = add(chunk)
-        tracked += int(accepted.sum())
-        immediate += len(accepted) - int(accepted.sum())
-        if previous is not None and n % REPLAY_EVERY == 0:
-            # A dispatcher replaying its cursor: tracked positions dedup; due ones come back.
-            replayed += len(add(previous))
-        previous = chunk
-        dispatch()
-        if n % 200 == 0:
-            peak_tracked = max(peak_tracked, len(tracker))
-            peak_memory = max(peak_memory, tracker.memory_usage_bytes())
-        if progress is not None:
-            progress(n + 1, len(chunks))
-    ingest_seconds = time.perf_counter() - started
-    peak_tracked = max(peak_tracked, len(tracker))
-    peak_memory = max(peak_memory, tracker.memory_usage_bytes())
-
-    started = time.perf_counter()
-    while len(tracker):
-        deadline = timer.next_deadline()
-        if deadline is None:  # nothing armed: the head is already due
-            deadline = tracker.next_delivery_time()
-        assert deadline is not None
-        clock.set(max(clock(), deadline))
-        dispatch()
-    drain_seconds = time.perf_counter() - started
-    tracker.close()
-
-    late = np.concatenate(lateness) if lateness else np.zeros(0, dtype=np.int64)
-    return DemoResult(
+    say = progress or (lambda _stage: None)
+    root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="delayindex-"))
+    root.mkdir(parents=True, exist_ok=True)
+    result = DemoResult(
         messages=messages,
-        delayed=int(workload.delayed_mask.sum()),
-        tracked=tracked,
-        immediate=immediate,
-        replayed_adds=replayed,
-        polled=int(polls.sum()),
-        lost=int(((polls == 0) & ~delivered_now).sum()),
-        polled_twice=int((polls > 1).sum()),
-        early=early,
-        max_late_ms=int(late.max()) if len(late) else 0,
-        mean_late_ms=float(late.mean()) if len(late) else 0.0,
-        timer_fires=fires[0],
-        peak_tracked=peak_tracked,
-        peak_memory_bytes=peak_memory,
-        ingest_seconds=ingest_seconds,
-        drain_seconds=drain_seconds,
+        workdir=str(root),
         implementation="native" if _impl.NATIVE else "pure",
-        config={"tick_ms": tick_ms, "strict": strict, "seed": seed},
     )
+    try:
+        _run(result, root, messages, seed, master, say, spark_jobs, spark)
+    finally:
+        if not keep and workdir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    return result
+
+
+def _run(
+    result: DemoResult,
+    root: Path,
+    messages: int,
+    seed: int,
+    master: str,
+    say: Progress,
+    spark_jobs: Any,
+    spark: Any | None,
+) -> None:
+    config = DEMO_CONFIG
+    now = 1_767_225_600_000  # 2026-01-01T00:00:00Z: the dump's first publish time
+    say(f"generating a {messages:,}-message topic dump")
+    started = time.perf_counter()
+    columns = generate_dump(messages, seed=seed, start_ms=now)
+    dump_path = write_dump(root / "topic.parquet", columns)
+    result.gen_seconds = time.perf_counter() - started
+    result.dump_bytes = dump_path.stat().st_size
+    tracked = columns.deliver_at > now  # strict, tick 0: what add() would track at `now`
+    checker = _Checker(
+        columns.ledger_ids[tracked], columns.entry_ids[tracked], columns.deliver_at[tracked]
+    )
+    result.expected = len(checker.expected)
+
+    store = root / "store"
+    if spark is None:
+        say(f"starting Spark ({master})")
+    given = contextlib.nullcontext(spark) if spark is not None else None
+    with given or spark_jobs.session_for(master) as session:  # never stops a given session
+        say("rebuilding the delayed index with Spark")
+        report = spark_jobs.rebuild(session, dump_path, store, NAME, config, now_ms=now)
+        result.rebuild_seconds = report.seconds
+        result.rebuild_rate = report.rate
+        result.spark_master = report.master
+        result.buckets = len(report.buckets)
+        result.snapshot_bytes = report.snapshot_bytes
+        result.rejected_rows = report.rejects.errors
+
+        say("opening the index and dispatching for a simulated minute")
+        clock = ManualClock(now)
+        started = time.perf_counter()
+        index = DelayIndex.open(FileStorage(store), NAME, config, clock=clock)
+        result.open_seconds = time.perf_counter() - started
+        result.recovered = len(index)
+        first_run = checker.run(index, clock, now + SHORT_DISPATCH_MS)
+        result.short_dispatch_delivered = len(first_run)
+        index.close()  # nothing acknowledged: the store still holds the whole index
+
+        say("verifying the store against the dump")
+        check = spark_jobs.verify(session, dump_path, store, NAME, config, now_ms=now)
+        result.verify_ok = check.ok
+        result.verify_findings = check.counts()
+        result.verify_seconds = check.seconds
+
+    say("reopening and draining everything")
+    started = time.perf_counter()
+    clock = ManualClock(now + SHORT_DISPATCH_MS)
+    with DelayIndex.open(FileStorage(store), NAME, config, clock=clock) as index:
+        drained = checker.run(index, clock, None)
+        index.flush()
+    result.drain_seconds = time.perf_counter() - started
+    result.redelivered = len(first_run & drained)
+    delivered = first_run | drained  # expected positions only: the checker counts the rest
+    result.delivered = len(delivered)
+    result.lost = result.expected - len(delivered)
+    result.delivered_twice = checker.twice
+    result.early = checker.early
+    result.unexpected = checker.unexpected
+    result.objects_left = len(FileStorage(store).list_objects())
+
+
+__all__ = ["DEMO_CONFIG", "DemoResult", "run_demo"]

@@ -65,7 +65,7 @@ from delayindex.errors import (
     SnapshotNotFoundError,
     StorageError,
 )
-from delayindex.gc import find_garbage
+from delayindex.garbage import find_garbage
 from delayindex.model import MAX_ENTRY_ID, MAX_LEDGER_ID
 from delayindex.policy import select_merge_window
 from delayindex.snapshot.format import PreparedSegments, SnapshotMetadata, build_snapshot

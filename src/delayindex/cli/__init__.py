@@ -1,17 +1,18 @@
 """The ``delayindex`` command line.
 
-* ``delayindex demo``: the main job (``delayindex.pipeline``): gen-dump, Spark rebuild, open,
+* ``delayindex demo``: the main job (``delayindex.demo``): gen-dump, Spark rebuild, open,
   dispatch on a manual clock, verify the store against the dump, drain; every check must hold.
 * ``delayindex simulate``: a dispatcher simulation over InMemoryTracker that verifies every
-  delivery (``delayindex.demo``).
+  delivery (``delayindex.simulate``).
 * ``delayindex inspect --store PATH [--name N]... [--json]``: per name, the live buckets (ledger
   range, segments, messages, bytes, the segment recovery would load and the next delivery time),
   pending intents, dead letters, the persisted mark-delete position, the writer's last reported
   unpersisted counts and whether a writer holds the name (``delayindex.storeinfo``). Read-only.
 * ``delayindex gc --store PATH [--grace 10m] [--delete] [--retry-dead-letters] [--now-ms]``:
-  objects no manifest references, unfinished intents and dead letters (``delayindex.gc``). A dry
-  run unless ``--delete``; never touches an object younger than the grace period (ages are
-  measured at ``--now-ms``, default now) or one any manifest references.
+  objects no manifest references, unfinished intents and dead letters
+  (``delayindex.garbage``). A dry run unless ``--delete``; never touches an object younger
+  than the grace period (ages are measured at ``--now-ms``, default now) or one any manifest
+  references.
 * ``delayindex fsck --store PATH [--name N]... [--json] [--no-progress]``: read every object
   in full (header, metadata with its bitmaps checked, every segment decoded) and every manifest
   and manifest history generation, and report each damaged one by file and what is wrong

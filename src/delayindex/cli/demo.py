@@ -1,7 +1,7 @@
 """``delayindex demo`` and ``delayindex simulate``: the two end-to-end runs that check every
-delivery. ``demo`` is the main job (``delayindex.pipeline``: gen-dump, Spark rebuild, open,
+delivery. ``demo`` is the main job (``delayindex.demo``: gen-dump, Spark rebuild, open,
 dispatch, verify, drain); ``simulate`` runs a dispatcher over InMemoryTracker
-(``delayindex.demo``). Each prints a table (or JSON) and exits 1 when a check fails.
+(``delayindex.simulate``). Each prints a table (or JSON) and exits 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def register(sub: Any) -> None:
 
 
 def _demo(args: argparse.Namespace, console: Console) -> int:
-    from delayindex.pipeline import run_pipeline
+    from delayindex.demo import run_demo
     from delayindex.spark import SparkUnavailableError
 
     started = time.perf_counter()
@@ -74,7 +74,7 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
             console.print(f"[dim]{elapsed:6.1f}s[/] {escape(text)}")
 
     try:
-        result = run_pipeline(
+        result = run_demo(
             args.messages,
             seed=args.seed,
             master=args.master,
@@ -127,7 +127,7 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
 
 
 def _simulate(args: argparse.Namespace, console: Console) -> int:
-    from delayindex.demo import run_demo
+    from delayindex.simulate import run_simulation
 
     show_progress = not args.no_progress and not args.json
     with Progress(
@@ -141,7 +141,7 @@ def _simulate(args: argparse.Namespace, console: Console) -> int:
         transient=True,
     ) as bar:
         task = bar.add_task("ingest", total=None)
-        result = run_demo(
+        result = run_simulation(
             args.messages,
             seed=args.seed,
             tick_ms=args.tick_ms,

@@ -1,7 +1,7 @@
 """``delayindex inspect``, ``gc`` and ``fsck``: the commands that look at (and, for ``gc
 --delete``, collect in) an existing FileStorage directory. ``inspect`` shows per name what
 recovery would see (``delayindex.storeinfo``); ``gc`` finds unreferenced objects and
-unfinished intents (``delayindex.gc``); ``fsck`` reads every object and manifest generation in
+unfinished intents (``delayindex.garbage``); ``fsck`` reads every object and manifest generation in
 full (``delayindex.fsck``). Each renders a report as tables or JSON; exit codes follow the
 report (``_common.STORE_ERRORS`` maps the exceptions).
 """
@@ -47,7 +47,7 @@ from delayindex.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from delayindex.gc import GcReport, Orphan
+    from delayindex.garbage import GcReport, Orphan
     from delayindex.storeinfo import NameInfo, PendingIntent, StoreInfo
 
 
@@ -414,7 +414,7 @@ def _gc_human(console: Console, report: GcReport, store: Path) -> None:
 
 
 def _gc(args: argparse.Namespace, console: Console) -> int:
-    from delayindex.gc import run_gc
+    from delayindex.garbage import run_gc
 
     if args.retry_dead_letters and not args.delete:
         raise _UsageError("--retry-dead-letters needs --delete (a dry run changes nothing)")
