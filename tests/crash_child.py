@@ -150,6 +150,17 @@ class Journal:
 
 #: DelayIndex methods (besides its ``*_job`` background jobs) that do storage I/O themselves.
 _INLINE_JOBS = frozenset({"open", "clear", "close", "flush"})
+#: The modules of ``delayindex/tracker/`` that hold DelayIndex's driver (the class and its
+#: mixins; ``_damage.py``'s quarantine jobs are not labelled as jobs).
+_DRIVER_FILES = (
+    "delay_index.py", "_bucket.py", "_housekeeping.py", "_loading.py", "_merge.py",
+    "_persist.py", "_recovery.py", "_stats.py",
+)  # fmt: skip
+
+
+def _is_driver(filename: str) -> bool:
+    head, base = os.path.split(filename)
+    return base in _DRIVER_FILES and os.path.basename(head) == "tracker"
 
 
 def _where(frame: FrameType | None) -> tuple[str, FrameType | None, str]:
@@ -170,7 +181,7 @@ def _where(frame: FrameType | None) -> tuple[str, FrameType | None, str]:
                 entry = frame
             elif not helper and name != "_commit":
                 helper = name
-        elif code.co_filename.endswith("delay_index.py"):
+        elif _is_driver(code.co_filename):
             if name.endswith("_job"):
                 job = name.strip("_").removesuffix("_job")
             elif name in _INLINE_JOBS:

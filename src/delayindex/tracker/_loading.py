@@ -1,0 +1,115 @@
+"""DelayIndex's segment loads: reading a bucket's next segments when its placeholder is due.
+
+``poll`` stops at a due placeholder; ``_load`` reads the next segments (up to
+``LOAD_BATCH_INDEXES``; the only load in flight, under the lock). A storage error moves that
+bucket's placeholder past the cutoff to its retry time; damage quarantines the bucket.
+``_exhaust`` retires a bucket whose last segment was consumed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from delayindex.config import TrackerConfig
+from delayindex.errors import (
+    SnapshotCorruptError,
+    SnapshotNotFoundError,
+    StorageError,
+)
+from delayindex.policy import backoff_delay_ms
+from delayindex.storage.base import SnapshotStorage
+from delayindex.tracker._bucket import _EMPTY, _Bucket
+from delayindex.tracker._damage import ProblemLog
+from delayindex.tracker._stats import _OpStats
+
+#: A segment load reads consecutive segments until they hold this many indexes.
+LOAD_BATCH_INDEXES = 4096
+
+
+class LoadingMixin:
+    """DelayIndex's segment loads (state lives on the DelayIndex)."""
+
+    # State (set in DelayIndex.__init__).
+    _buckets: dict[int, _Bucket]
+    _config: TrackerConfig
+    _core: Any
+    _ops: dict[str, _OpStats]
+    _storage: SnapshotStorage
+    _warnings: ProblemLog
+
+    # Provided by DelayIndex and its other mixins.
+    _drop_bucket: Callable[..., None]
+    _quarantine: Callable[[Any, BaseException, int], None]
+    _retire: Callable[[_Bucket], None]
+
+    def _load(self, sid: int, now: int, *, single: bool = False) -> None:
+        """Load bucket ``sid``'s next segments (lock held).
+
+        Consecutive segments are read together until they hold :data:`LOAD_BATCH_INDEXES`
+        indexes: a realistic bucket's far-future tail is hundreds of one-index segments, and
+        one read per index would bound delivery by storage latency.
+
+        Damage (a checksum or decode failure, a missing object) quarantines the bucket. A
+        transient storage error moves the bucket's placeholder past the cutoff to its retry
+        time (``load_retry_delay_ms``, backing off): its messages come late, never early, and
+        the other buckets keep delivering meanwhile. A damaged batch is read again one segment
+        at a time (``single``), so the good segments before the damage are still delivered.
+        """
+        bucket = self._buckets[sid]
+        started = time.perf_counter()
+        first = bucket.current + 1
+        base = int(bucket.bounds[first - 2]) if first > 1 else 0
+        last = int(np.searchsorted(bucket.bounds, base + LOAD_BATCH_INDEXES, side="right"))
+        last = first if single else min(max(last, first), bucket.num_segments)
+        assert bucket.snapshot_id is not None
+        try:
+            times, ledgers, entries = self._storage.get_segment_arrays(
+                bucket.snapshot_id, first, last
+            )
+            expected = int(bucket.bounds[last - 1]) - base
+            if len(times) != expected:
+                raise SnapshotCorruptError(
+                    f"{bucket.snapshot_id}: segments {first}..{last} hold {len(times)} "
+                    f"indexes, expected {expected}"
+                )
+        except (SnapshotCorruptError, SnapshotNotFoundError) as exc:
+            self._ops["load"].record(False, started)
+            if last > first and isinstance(exc, SnapshotCorruptError):
+                self._load(sid, now, single=True)  # isolate the damaged segment
+            else:
+                self._quarantine(bucket, exc, first)
+            return
+        except StorageError as exc:
+            self._ops["load"].record(False, started)
+            bucket.load_failures += 1
+            delay = backoff_delay_ms(self._config.load_retry_delay_ms, bucket.load_failures)
+            retry_at = max(now + max(delay, 1), self._core.cutoff_for(now) + 1)
+            self._core.set_source(sid, _EMPTY, _EMPTY, _EMPTY, retry_at)
+            self._warnings.append(
+                f"reads of segments {first}..{last} of {bucket.snapshot_id!r} (bucket "
+                f"[{bucket.start}, {bucket.end}]) are failing; retried with backoff, the "
+                f"bucket's messages wait (late, never early), the others keep delivering; "
+                f"check the storage: {exc}",
+                key=f"load:{bucket.snapshot_id}",
+            )
+            return
+        self._core.set_source(sid, times, ledgers, entries, bucket.next_time(last))
+        bucket.current = last
+        if bucket.load_failures:
+            bucket.load_failures = 0
+            self._warnings.resolve(f"load:{bucket.snapshot_id}")
+        self._ops["load"].record(True, started)
+
+    def _exhaust(self, sid: int) -> None:
+        bucket = self._buckets.get(sid)
+        if bucket is None:
+            return
+        bucket.exhausted = True
+        if bucket.state in ("memory", "released"):  # a released one keeps its damaged object
+            self._drop_bucket(bucket)
+        elif bucket.state == "durable" and not bucket.merging:
+            self._retire(bucket)

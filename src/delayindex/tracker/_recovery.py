@@ -1,0 +1,163 @@
+"""DelayIndex's recovery at open (:meth:`DelayIndex.open` calls ``_recover``).
+
+The catalog has repaired the manifest's intents; each live bucket's metadata is read, fully
+due segments are skipped, the bitmaps of the rest restored and its first live segment loaded;
+the persisted mark is applied. A damaged or missing snapshot quarantines its bucket only; a
+storage error raises :class:`~delayindex.errors.RecoveryError` having changed nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from delayindex.errors import (
+    ManifestConflictError,
+    RecoveryError,
+    SnapshotCorruptError,
+    SnapshotNotFoundError,
+    StorageError,
+)
+from delayindex.policy import resolve_overlaps
+from delayindex.snapshot.format import SnapshotMetadata
+from delayindex.storage.base import SnapshotStorage
+from delayindex.storage.catalog import Catalog
+from delayindex.storage.manifest import BucketRecord, QuarantineRecord
+from delayindex.tracker._bucket import _Bucket
+from delayindex.tracker._damage import ProblemLog, damage_reason
+from delayindex.tracker._stats import _OpStats
+
+
+def _live_positions(metadata: SnapshotMetadata, first: int, name: str) -> Any:
+    """Per-ledger union of segments ``first..`` (recovery's index), checked against the counts.
+
+    Raises:
+        SnapshotCorruptError: a bitmap is malformed, a position is in two segments, or the
+            bitmaps do not hold the segments' counts.
+    """
+    try:
+        ledgers, offsets, entries = metadata.ledger_entries(first)
+    except ValueError as exc:
+        raise SnapshotCorruptError(f"{name}: bad bitmaps: {exc}") from None
+    expected = int(metadata.counts[first - 1 :].sum())
+    if len(entries) != expected:
+        raise SnapshotCorruptError(
+            f"{name}: the live segments' bitmaps hold {len(entries)} positions, "
+            f"their counts say {expected}"
+        )
+    return ledgers, offsets, entries
+
+
+class RecoveryMixin:
+    """DelayIndex's recovery (state lives on the DelayIndex)."""
+
+    # State (set in DelayIndex.__init__).
+    _buckets: dict[int, _Bucket]
+    _catalog: Catalog
+    _core: Any
+    _mark: tuple[int, int] | None
+    _name: str
+    _ops: dict[str, _OpStats]
+    _storage: SnapshotStorage
+    _warnings: ProblemLog
+
+    # Provided by DelayIndex and its other mixins.
+    _install_quarantined: Callable[[QuarantineRecord, Any], None]
+    _make_durable: Callable[[_Bucket, BucketRecord, SnapshotMetadata], None]
+    _new_bucket: Callable[[int, int, int], _Bucket]
+    _now: Callable[[], int]
+    _quarantined_positions: Callable[[QuarantineRecord], Any]
+    _request_delete: Callable[[str], None]
+    _trim: Callable[[_Bucket], None]
+
+    def _recover(self) -> None:
+        started = time.perf_counter()
+        report = self._catalog.repair_report
+        if report.recovered:  # a damaged or missing manifest, recovered: say so, loudly
+            self._warnings.append(report.recovered)
+        for snapshot_id in report.pending_deletes:
+            self._warnings.append(f"delete of {snapshot_id!r} still pending after repair")
+        records, overlapping = resolve_overlaps(self._catalog.buckets())
+        now = self._now()
+        cutoff = self._core.cutoff_for(now)
+        loaded: list[tuple[BucketRecord, SnapshotMetadata, int, Any, Any]] = []
+        damaged: list[tuple[QuarantineRecord, Any]] = []
+        drop: list[str] = [r.snapshot_id for r in overlapping]
+        for record in records:
+            sid_name = record.snapshot_id
+            metadata: SnapshotMetadata | None = None
+            first = 1
+            live: Any = None
+            try:
+                # Bitmaps are parsed once, below, and only those of the live segments.
+                metadata = self._storage.get_metadata(sid_name, check_bitmaps=False)
+                found = metadata.first_live_segment(cutoff)
+                if found is None:
+                    drop.append(sid_name)  # every index is due: the dispatcher delivers them
+                    continue
+                first = found
+                live = _live_positions(metadata, first, sid_name)
+                segment = self._storage.get_segments(sid_name, first, first)[0]
+            except (SnapshotNotFoundError, SnapshotCorruptError) as exc:
+                # Damage stays local: this bucket is quarantined, the others recover.
+                remaining = record.num_messages
+                if live is not None and metadata is not None:
+                    remaining = int(metadata.counts[first - 1 :].sum())
+                damaged.append(
+                    (
+                        QuarantineRecord(
+                            sid_name, record.start_ledger, record.end_ledger, remaining,
+                            first, damage_reason(exc), max(now, 0),
+                        ),
+                        live,
+                    )
+                )  # fmt: skip
+                continue
+            except StorageError as exc:
+                self._ops["recover"].record(False, started)
+                raise RecoveryError(
+                    f"cannot recover {self._name!r}: reading snapshot {sid_name!r} (bucket "
+                    f"[{record.start_ledger}, {record.end_ledger}]) failed: {exc}; nothing was "
+                    "changed, open again once the storage answers"
+                ) from exc
+            loaded.append((record, metadata, first, segment, live))
+        if damaged:
+            try:
+                self._catalog.quarantine_buckets([q for q, _ in damaged])
+            except (StorageError, ManifestConflictError) as exc:
+                self._ops["recover"].record(False, started)
+                names = ", ".join(repr(q.snapshot_id) for q, _ in damaged)
+                raise RecoveryError(
+                    f"cannot recover {self._name!r}: snapshots {names} are damaged and moving "
+                    f"them to the quarantine failed: {exc}"
+                ) from exc
+        new_ids = {q.snapshot_id for q, _ in damaged}
+        damaged.extend(
+            (q, self._quarantined_positions(q))
+            for q in self._catalog.manifest.quarantined
+            if q.active and q.snapshot_id not in new_ids
+        )
+        core = self._core
+        for record, metadata, first, segment, live in loaded:
+            core.restore_many(*live)
+            bucket = self._new_bucket(record.start_ledger, record.end_ledger, 0)
+            self._make_durable(bucket, record, metadata)
+            bucket.current = first
+            core.add_range(bucket.start, bucket.end)
+            core.set_source(
+                bucket.sid, segment.times, segment.ledgers, segment.entries,
+                bucket.next_time(first),
+            )  # fmt: skip
+        for quarantine, live in damaged:
+            self._install_quarantined(quarantine, live)
+        for snapshot_id in drop:
+            self._request_delete(snapshot_id)
+        mark = self._catalog.manifest.mark_delete
+        if mark is not None:  # acknowledged before the restart: never delivered again
+            self._mark = mark
+            core.untrack_upto(*mark)
+            for bucket in list(self._buckets.values()):
+                if bucket.end < mark[0]:
+                    self._trim(bucket)
+        self._ops["recover"].record(True, started)
