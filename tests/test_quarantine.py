@@ -184,6 +184,8 @@ def test_repair_from_the_dump_delivers_what_an_undamaged_index_would() -> None:
             assert index.quarantined() == []
             assert storage.read_manifest(NAME).quarantine(sid).state == "repaired"
             assert storage.raw_object(sid)  # the damaged object is kept
+            stamped = storage.get_metadata(result.snapshot_id)
+            assert (stamped.index_name, stamped.has_origin) == (NAME, True)  # self-describing
             assert index.stats()["health"] == "ok"
         else:
             index.close()

@@ -407,18 +407,8 @@ class Catalog:
             self._hook("create.begin")
             self._commit(before.with_intent(intent))  # 1
             self._hook("create.intent_committed")
-            # The object names its origin: this index and the commit that recorded its intent.
-            stamped = metadata.with_origin(self.name, self._manifest.version)
-            try:
-                self._storage.create(stamped, segments, key)  # 2
-                size = self._storage.length(key)
-            except Exception as exc:
-                self._roll_back(intent, exc)
-                raise
+            record = self._write_object(intent, metadata, segments)  # 2
             self._hook("create.object_written")
-            record = BucketRecord(
-                start, end, key, metadata.num_messages, metadata.num_segments, size
-            )
             live = self._manifest.without_intent(key)
             for source in sources:
                 old = live.bucket(source)
@@ -426,14 +416,7 @@ class Catalog:
                 live = live.without_bucket(source).with_intent(
                     Intent("delete", source, old.start_ledger, old.end_ledger)
                 )
-            try:
-                self._commit(live.with_bucket(record))  # 3
-            except CommitOutcomeUnknownError:
-                raise  # maybe live, maybe not: the caller resyncs and looks
-            except (StorageError, ManifestConflictError) as exc:
-                if self._manifest.bucket(key) is None:
-                    self._roll_back(intent, exc)
-                    raise
+            self._commit_live(intent, live.with_bucket(record))  # 3
             self._hook("create.bucket_live")
             if not delete_replaced:
                 return record  # the caller deletes them (delete_bucket/apply_batch) when done
@@ -849,28 +832,42 @@ class Catalog:
             key = intent.snapshot_id
             self._commit(self._manifest.with_intent(intent))
             self._hook("repair.intent_committed")
-            try:
-                self._storage.create(metadata, segments, key)
-                size = self._storage.length(key)
-            except Exception as exc:
-                self._roll_back(intent, exc)
-                raise
-            record = BucketRecord(
-                start, end, key, metadata.num_messages, metadata.num_segments, size
-            )
+            record = self._write_object(intent, metadata, segments)
             repaired = self._manifest.without_intent(key).with_quarantine_state(
                 snapshot_id, "repaired"
             )
-            try:
-                self._commit(repaired.with_bucket(record))
-            except CommitOutcomeUnknownError:
-                raise
-            except (StorageError, ManifestConflictError) as exc:
-                if self._manifest.bucket(key) is None:
-                    self._roll_back(intent, exc)
-                    raise
+            self._commit_live(intent, repaired.with_bucket(record))
             self._hook("repair.bucket_live")
             return record
+
+    def _write_object(
+        self, intent: Intent, metadata: SnapshotMetadata, segments: Sequence[Segment]
+    ) -> BucketRecord:
+        """Step 2 of a create whose intent is committed: write the object, stamped with its
+        origin (this index and the commit that recorded the intent); roll back on failure."""
+        key = intent.snapshot_id
+        stamped = metadata.with_origin(self.name, self._manifest.version)
+        try:
+            self._storage.create(stamped, segments, key)
+            size = self._storage.length(key)
+        except Exception as exc:
+            self._roll_back(intent, exc)
+            raise
+        return BucketRecord(
+            intent.start_ledger, intent.end_ledger, key,
+            metadata.num_messages, metadata.num_segments, size,
+        )  # fmt: skip
+
+    def _commit_live(self, intent: Intent, manifest: Manifest) -> None:
+        """Step 3: commit ``manifest`` (the create made live); roll back if it surely failed."""
+        try:
+            self._commit(manifest)
+        except CommitOutcomeUnknownError:
+            raise  # maybe live, maybe not: the caller resyncs and looks
+        except (StorageError, ManifestConflictError) as exc:
+            if self._manifest.bucket(intent.snapshot_id) is None:
+                self._roll_back(intent, exc)
+                raise
 
     def note_mark_delete(self, mark: tuple[int, int] | None) -> None:
         """Record the owner's mark-delete position; it is persisted with the next commit (or

@@ -54,23 +54,21 @@ class ProblemLog:
     """Warnings, each logged and kept once per distinct problem, not once per occurrence.
 
     ``append(message, key=None)`` records a problem (``key`` defaults to the message); while
-    the key is active, repeats are counted, not logged again. ``resolve(key)`` ends a problem,
+    the key is active, repeats are dropped, not logged again. ``resolve(key)`` ends a problem,
     so a later recurrence is reported afresh. Iterating yields the newest 100 messages.
     """
 
     def __init__(self, owner: str, maxlen: int = 100) -> None:
         self._owner = owner
         self._messages: deque[str] = deque(maxlen=maxlen)
-        self._active: OrderedDict[str, list[Any]] = OrderedDict()  # key -> [message, repeats]
+        self._active: OrderedDict[str, None] = OrderedDict()  # active keys, oldest first
 
     def append(self, message: str, key: str | None = None) -> None:
         """Record ``message`` unless its problem is already active."""
         key = message if key is None else key
-        seen = self._active.get(key)
-        if seen is not None:
-            seen[1] += 1
+        if key in self._active:
             return
-        self._active[key] = [message, 0]
+        self._active[key] = None
         while len(self._active) > _MAX_PROBLEM_KEYS:
             self._active.popitem(last=False)
         self._messages.append(message)
@@ -79,10 +77,6 @@ class ProblemLog:
     def resolve(self, key: str) -> None:
         """The problem ``key`` is over (a recurrence is reported again)."""
         self._active.pop(key, None)
-
-    def active(self) -> dict[str, int]:
-        """Each active problem's message and how often it repeated since it was reported."""
-        return dict(self._active.values())
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._messages)
