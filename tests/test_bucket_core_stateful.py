@@ -175,6 +175,20 @@ class BucketCoreMachine(RuleBasedStateMachine):
             key = (pos.ledger_id, pos.entry_id)
             assert key in self.tracked, f"{key} delivered but not tracked"
             assert self.tracked.pop(key) <= self._cutoff(), f"{key} delivered early"
+        self._after_poll()
+
+    @rule(n=st.integers(-1, 6))
+    def poll_keys(self, n: int) -> None:
+        times, ledgers, entries = self._both("poll_keys", n, self.now)
+        assert len(times) <= max(n, 0)
+        keys = list(zip(times.tolist(), ledgers.tolist(), entries.tolist(), strict=True))
+        assert keys == sorted(keys), "not in selection order"
+        for time, ledger, entry in keys:
+            assert self.tracked.pop((ledger, entry), None) == time, f"{(ledger, entry)} untracked"
+            assert time <= self._cutoff(), f"{(ledger, entry)} delivered early"
+        self._after_poll()
+
+    def _after_poll(self) -> None:
         sid = self.cores[0].load_needed
         assert sid == self.cores[1].load_needed
         if sid >= 0:

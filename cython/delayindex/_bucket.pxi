@@ -687,6 +687,55 @@ cdef class BucketCore:
             self.pop(best, &got)
             self.n_skipped += 1
 
+    cdef Py_ssize_t take_due(self, int64_t c_max, int64_t cutoff, Triple** bufp) except -1:
+        """Pop up to ``c_max`` due live keys into ``*bufp`` (malloc'd, the caller frees), in
+        (time, ledger, entry) order; stop at a due placeholder (sets ``load_needed``)."""
+        cdef Triple* buf = NULL
+        cdef Triple* grown
+        cdef Py_ssize_t k = 0, room = 0
+        cdef Triple key, got
+        cdef int best
+        self.n_polls += 1
+        self.load_needed = -1
+        bufp[0] = NULL
+        while k < c_max:
+            best = self.peek(&key)
+            if best == 0 or key.time > cutoff:
+                break
+            if key.ledger < 0:  # a due placeholder: load the next segment first
+                self.load_needed = (<_Src> self.heads[0].src).sid
+                break
+            if k == room:
+                room = 256 if room == 0 else room * 2
+                if room > c_max:
+                    room = c_max
+                grown = <Triple*> realloc(buf, <size_t> room * sizeof(Triple))
+                if grown == NULL:
+                    free(buf)
+                    raise MemoryError()
+                buf = grown
+            if not self.pop_raw(best, &got):
+                self.n_skipped += 1
+                continue
+            # Not tracked: a copy left by delivery, a due re-add or a mark-delete (dedup on pop).
+            if not self.index.cdiscard(got.ledger, got.entry):
+                if self.stale:
+                    self.stale.discard((got.ledger, got.entry))
+                self.n_skipped += 1
+                continue
+            buf[k] = got
+            k += 1
+        self.n_delivered += k
+        self.mutable._maybe_shrink()
+        self.direct._maybe_shrink()
+        if self.index.wants_compaction():
+            self.index.compact()
+        if self.index.count == 0:
+            self.fixed_delay = True
+            self.highest = 0
+        bufp[0] = buf
+        return k
+
     def poll(self, max_n, now) -> list:
         """Remove up to ``max_n`` due positions, chosen in (time, ledger, entry) order.
 
@@ -695,67 +744,60 @@ cdef class BucketCore:
         """
         cdef int64_t c_max = as_i64(max_n)
         cdef int64_t cutoff = self.cutoff(as_i64(now))
+        cdef Triple* keys = NULL
         cdef Pos* buf = NULL
-        cdef Pos* grown
-        cdef Py_ssize_t k = 0, room = 0, i
-        cdef Triple key, got
-        cdef int best
+        cdef Py_ssize_t k, i
         cdef list out
-        cdef int64_t prev
-        cdef object ledger_obj
-        self.n_polls += 1
-        self.load_needed = -1
+        cdef int64_t prev = -1
+        cdef object ledger_obj = None
         if c_max <= 0:
+            self.n_polls += 1
+            self.load_needed = -1
             return []
+        k = self.take_due(c_max, cutoff, &keys)
         try:
-            while k < c_max:
-                best = self.peek(&key)
-                if best == 0 or key.time > cutoff:
-                    break
-                if key.ledger < 0:  # a due placeholder: load the next segment first
-                    self.load_needed = (<_Src> self.heads[0].src).sid
-                    break
-                if k == room:
-                    room = 256 if room == 0 else room * 2
-                    if room > c_max:
-                        room = c_max
-                    grown = <Pos*> realloc(buf, <size_t> room * sizeof(Pos))
-                    if grown == NULL:
-                        raise MemoryError()
-                    buf = grown
-                if not self.pop_raw(best, &got):
-                    self.n_skipped += 1
-                    continue
-                # Not tracked: a copy left by delivery, a due re-add or a mark-delete (dedup on
-                # pop).
-                if not self.index.cdiscard(got.ledger, got.entry):
-                    if self.stale:
-                        self.stale.discard((got.ledger, got.entry))
-                    self.n_skipped += 1
-                    continue
-                buf[k].ledger = got.ledger
-                buf[k].entry = got.entry
-                k += 1
-            self.n_delivered += k
-            self.mutable._maybe_shrink()
-            self.direct._maybe_shrink()
+            buf = <Pos*> malloc(<size_t> (k if k > 0 else 1) * sizeof(Pos))
+            if buf == NULL:
+                raise MemoryError()
+            for i in range(k):
+                buf[i].ledger = keys[i].ledger
+                buf[i].entry = keys[i].entry
             di_sort_pos(buf, k)
             out = [None] * k
-            prev = -1
-            ledger_obj = None
             for i in range(k):
                 if buf[i].ledger != prev:
                     prev = buf[i].ledger
                     ledger_obj = prev
                 out[i] = di_make_pair(Position, ledger_obj, buf[i].entry)
         finally:
+            free(keys)
             free(buf)
-        if self.index.wants_compaction():
-            self.index.compact()
-        if self.index.count == 0:
-            self.fixed_delay = True
-            self.highest = 0
         return out
+
+    def poll_keys(self, max_n, now) -> tuple:
+        """As :meth:`poll`, but return ``(times, ledgers, entries)`` int64 arrays in selection
+        order (the order the shared index hands to every subscription)."""
+        cdef int64_t c_max = as_i64(max_n)
+        cdef int64_t cutoff = self.cutoff(as_i64(now))
+        cdef Triple* keys = NULL
+        cdef Py_ssize_t k = 0, i
+        if c_max > 0:
+            k = self.take_due(c_max, cutoff, &keys)
+        else:
+            self.n_polls += 1
+            self.load_needed = -1
+        t_arr = np.empty(k, dtype=np.int64)
+        l_arr = np.empty(k, dtype=np.int64)
+        e_arr = np.empty(k, dtype=np.int64)
+        cdef int64_t[::1] tv = t_arr, lv = l_arr, ev = e_arr
+        try:
+            for i in range(k):
+                tv[i] = keys[i].time
+                lv[i] = keys[i].ledger
+                ev[i] = keys[i].entry
+        finally:
+            free(keys)
+        return t_arr, l_arr, e_arr
 
     def has_due(self, now) -> bool:
         """Whether the smallest loaded key (or a placeholder) is due at ``now``."""

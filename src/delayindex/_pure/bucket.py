@@ -541,17 +541,14 @@ class BucketCore(TickedCore):
             self._pop(best)
             self._n["skipped_on_pop"] += 1
 
-    def poll(self, max_n: int, now: int) -> list[Position]:
-        """Remove up to ``max_n`` due positions, chosen in (time, ledger, entry) order.
-
-        Stops early at a due placeholder and sets :attr:`load_needed` to its source. Returns
-        the positions sorted by position.
-        """
+    def _take_due(self, max_n: int, now: int) -> list[tuple[int, int, int]]:
+        """Pop up to ``max_n`` due live keys in (time, ledger, entry) order; stop at a due
+        placeholder (sets :attr:`load_needed`)."""
         max_n = as_i64(max_n)
         cutoff = self.cutoff_for(now)
         self._n["polls"] += 1
         self.load_needed = -1
-        out: list[Position] = []
+        out: list[tuple[int, int, int]] = []
         if max_n <= 0:
             return out
         skipped = 0
@@ -565,7 +562,7 @@ class BucketCore(TickedCore):
             ledger, entry, live = self._pop(best)
             if live:
                 self._index.discard(ledger, entry)
-                out.append(Position(ledger, entry))
+                out.append((key[0], ledger, entry))
             else:
                 skipped += 1
         self._n["delivered"] += len(out)
@@ -573,8 +570,22 @@ class BucketCore(TickedCore):
         if len(self._index) == 0:  # emptied: fixed-delay detection starts over
             self._fixed_delay = True
             self._highest = 0
-        out.sort()
         return out
+
+    def poll(self, max_n: int, now: int) -> list[Position]:
+        """Remove up to ``max_n`` due positions, chosen in (time, ledger, entry) order.
+
+        Stops early at a due placeholder and sets :attr:`load_needed` to its source. Returns
+        the positions sorted by position.
+        """
+        return sorted(Position(ledger, entry) for _, ledger, entry in self._take_due(max_n, now))
+
+    def poll_keys(self, max_n: int, now: int) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """As :meth:`poll`, but return ``(times, ledgers, entries)`` int64 arrays in selection
+        order (the order the shared index hands to every subscription)."""
+        keys = self._take_due(max_n, now)
+        table = np.array(keys, dtype=np.int64).reshape(-1, 3)
+        return table[:, 0].copy(), table[:, 1].copy(), table[:, 2].copy()
 
     def _head_key(self) -> tuple[int, int, int] | None:
         return self._purge()
