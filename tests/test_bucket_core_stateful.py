@@ -225,6 +225,11 @@ class BucketCoreMachine(RuleBasedStateMachine):
         for key in [k for k in self.tracked if k <= (ledger, entry)]:
             del self.tracked[key]
 
+    @rule(ledger=ledgers, entry=entries)
+    def count_upto(self, ledger: int, entry: int) -> None:
+        want = sum(1 for key in self.tracked if key <= (ledger, entry))
+        assert self._both("count_upto", ledger, entry) == want
+
     @rule()
     def clear(self) -> None:
         """A cursor rewind: everything goes, the mark too (adds below it are tracked again)."""

@@ -271,6 +271,16 @@ cdef class BucketCore:
                 es.extend(entries)
         return np.array(ls, dtype=np.int64), np.array(es, dtype=np.int64)
 
+    def count_upto(self, int64_t ledger, int64_t entry) -> int:
+        """How many tracked positions are ``<= (ledger, entry)``."""
+        cdef Py_ssize_t total = 0
+        for led in self.index.ledgers():
+            if led < ledger:
+                total += self.index.ledger_count(led)
+            elif led == ledger and entry >= 0:
+                total += len(self.index.bitmap(led, 0, entry))
+        return total
+
     def untrack_upto(self, int64_t ledger, int64_t entry) -> int:
         """Untrack every position ``<= (ledger, entry)`` (mark-delete); return how many."""
         if (ledger, entry) > (self.mark_ledger, self.mark_entry):

@@ -19,6 +19,7 @@ from delayindex.timers import AsyncioTimer, ManualTimer, ThreadingTimer, Timer, 
 from delayindex.tracker import InMemoryTracker
 from delayindex.tracker._damage import QuarantineInfo, RepairResult
 from delayindex.tracker.delay_index import BucketInfo, DelayIndex
+from delayindex.tracker.shared import SharedDelayIndex, Subscription
 
 __version__ = "0.1.0"
 
@@ -37,8 +38,10 @@ __all__ = [
     "QuarantineInfo",
     "RecoveryError",
     "RepairResult",
+    "SharedDelayIndex",
     "SnapshotCorruptError",
     "StorageError",
+    "Subscription",
     "ThreadingTimer",
     "Timer",
     "TimerHandle",

@@ -252,6 +252,16 @@ class BucketCore(TickedCore):
                 es.extend(entries)
         return np.array(ls, dtype=np.int64), np.array(es, dtype=np.int64)
 
+    def count_upto(self, ledger: int, entry: int) -> int:
+        """How many tracked positions are ``<= (ledger, entry)``."""
+        total = 0
+        for led in self._index.ledgers():
+            if led < ledger:
+                total += self._index.ledger_count(led)
+            elif led == ledger and entry >= 0:
+                total += len(self._index.bitmap(led, 0, entry))
+        return total
+
     def untrack_upto(self, ledger: int, entry: int) -> int:
         """Untrack every position ``<= (ledger, entry)`` (mark-delete); return how many."""
         self._mark = max(self._mark, (ledger, entry))

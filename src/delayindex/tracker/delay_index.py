@@ -471,19 +471,38 @@ class DelayIndex(
         sorted by position. Loads a bucket's next segment when its placeholder comes due; if
         that load fails, the positions before it are returned and the next call retries.
         """
-        max_messages = as_count(max_messages)
+        parts = self._take_due(as_count(max_messages), self._core.poll, len)
+        if len(parts) == 1:
+            return parts[0]  # type: ignore[no-any-return]
+        out: list[Position] = [pos for part in parts for pos in part]
+        out.sort()
+        return out
+
+    def _poll_keys(self, max_messages: int) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """:meth:`poll` as ``(times, ledgers, entries)`` arrays in selection order (for the
+        shared index, which hands that one order to every subscription)."""
+        parts = self._take_due(max_messages, self._core.poll_keys, lambda keys: len(keys[0]))
+        if len(parts) == 1:
+            return parts[0]  # type: ignore[no-any-return]
+        # A load only adds keys after the placeholder that asked for it: parts stay in order.
+        return tuple(np.concatenate(column) for column in zip(*parts, strict=True))  # type: ignore[return-value]
+
+    def _take_due(
+        self, max_messages: int, take: Callable[[int, int], Any], size: Callable[[Any], int]
+    ) -> list[Any]:
         with self._lock:
             self._check_open()
             now = self._now()
             want = min(max_messages, MAX_TIME)
-            out: list[Position] = self._core.poll(want, now)
-            extra: list[Position] = []
+            parts = [take(want, now)]
+            got = size(parts[0])
             # Each load reads the segment, quarantines a damaged bucket or moves a failing
             # one's placeholder past the cutoff: the loop always ends, and no bucket holds the
             # others back.
-            while self._core.load_needed >= 0 and len(out) + len(extra) < want:
+            while self._core.load_needed >= 0 and got < want:
                 self._load(self._core.load_needed, now)
-                extra.extend(self._core.poll(want - len(out) - len(extra), now))
+                parts.append(take(want - got, now))
+                got += size(parts[-1])
             for sid in self._core.take_exhausted():
                 self._exhaust(sid)
             if self._catalog.manifest.intents or self._deferred_at <= now:
@@ -491,10 +510,7 @@ class DelayIndex(
             self._rearm(now)
         if self._queued:
             self._submit_queued()
-        if extra:
-            out.extend(extra)
-            out.sort()
-        return out
+        return parts
 
     def next_delivery_time(self) -> int | None:
         """Smallest ``deliver_at`` among loaded indexes (and next-segment minimums), or None."""
@@ -533,6 +549,12 @@ class DelayIndex(
                 return out
             bm = self._core.index_bitmap(ledger_id, first_entry, last_entry)
         return out if bm is None else bm
+
+    def _count_upto(self, ledger: int, entry: int) -> int:
+        """How many tracked positions are ``<= (ledger, entry)``."""
+        with self._lock:
+            self._check_open()
+            return int(self._core.count_upto(ledger, entry))
 
     # -- durability ----------------------------------------------------------------------------
 

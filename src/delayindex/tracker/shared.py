@@ -1,0 +1,637 @@
+"""SharedDelayIndex: one delayed index for every subscription of a topic (PIP-195).
+
+How it works. One :class:`~delayindex.DelayIndex`, the *topic index*, holds every delayed
+position of the topic once: one dedup index, one set of buckets, snapshots, merges and trims.
+Its mark-delete position is the lowest of the subscriptions' marks (what every subscription has
+acknowledged). When a subscription polls, the due keys are popped from the topic index in
+``(deliver_at, ledger_id, entry_id)`` selection order and appended to the *due log*
+(:mod:`~delayindex.tracker._duelog`), where each key has a sequence number in that one global
+order. A subscription's progress is the sequence number of the next key it has not read: it
+reads the log from there, skipping the positions at or below its own mark, and pops more from
+the topic index when it reaches the log's end. Log chunks every subscription has read are
+dropped, so the topic's memory holds each delayed position once, plus the keys between the
+slowest and the fastest reader.
+
+Re-adds. A dispatcher adds each message once (through the building cursor), but a position can
+be added again while the log still holds it for some subscription. Each subscription must then
+see what its own tracker would: a due re-add untracks it, a later one keeps the copy it has, and
+a subscription that has already received it tracks a new copy. Such a position never goes back
+to the topic index while the log or a subscription still holds it; the few per-subscription
+outcomes are kept in that subscription's ``skip`` set (a log copy it must not receive) and
+``private`` heap (its own new copy).
+
+Invariants (:meth:`SharedDelayIndex._check`): the topic index's mark is the lowest subscription
+mark; every subscription reads at or after the log's start and at or before its end; a position
+the topic index tracks is neither in the log nor in a private heap; skip sets name positions
+whose log copy a subscription has yet to read.
+
+Durability. Subscription marks are applied to the topic index, whose mark is persisted with its
+commits; after a restart every subscription's dispatcher replays from its own cursor and
+re-applies its mark (at-least-once, as for a :class:`DelayIndex`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from types import TracebackType
+from typing import Any, Self
+
+import numpy as np
+import numpy.typing as npt
+from pyroaring import BitMap
+
+from delayindex.clock import Clock
+from delayindex.config import TrackerConfig
+from delayindex.errors import TrackerClosedError
+from delayindex.model import Position
+from delayindex.storage.base import SnapshotStorage
+from delayindex.timers import Timer
+from delayindex.tracker._duelog import DueLog, Int64Array
+from delayindex.tracker._front import as_count
+from delayindex.tracker.delay_index import DelayIndex
+from delayindex.tracker.in_memory import _diagnose, as_int64_array
+
+_DEFAULT_CONFIG = TrackerConfig()
+#: Keys popped from the topic index per step when a check must look ahead for a subscription.
+_LOOKAHEAD = 1024
+
+
+class _SubState:
+    """One subscription's progress: its next ``seq`` in the due log, its mark, its overrides."""
+
+    __slots__ = ("mark", "name", "private", "received", "seq", "skip")
+
+    def __init__(self, name: str, seq: int, mark: tuple[int, int] | None) -> None:
+        self.name = name
+        self.seq = seq
+        self.mark = mark
+        self.skip: set[tuple[int, int]] = set()
+        self.private: list[tuple[int, int, int]] = []  # heap of (time, ledger, entry)
+        self.received = 0
+
+    def acked(self, ledger: int, entry: int) -> bool:
+        return self.mark is not None and (ledger, entry) <= self.mark
+
+    def private_positions(self) -> set[tuple[int, int]]:
+        return {(led, ent) for _, led, ent in self.private}
+
+
+class SharedDelayIndex:
+    """One durable delayed index per topic, read by every subscription (see the module docs).
+
+    Build it with :meth:`open`; get each subscription's view with :meth:`subscribe`.
+    """
+
+    def __init__(self, topic: DelayIndex, _token: object) -> None:
+        """Internal: use :meth:`SharedDelayIndex.open`."""
+        if _token is not _OPEN_TOKEN:
+            raise TypeError("use SharedDelayIndex.open(storage, name, ...)")
+        self._topic = topic
+        self._log = DueLog()
+        self._subs: dict[str, _SubState] = {}
+        self._views: dict[str, Subscription] = {}
+        self._private_count: dict[tuple[int, int], int] = {}
+        self._lock = threading.RLock()
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls,
+        storage: SnapshotStorage,
+        name: str,
+        config: TrackerConfig = _DEFAULT_CONFIG,
+        *,
+        clock: Clock | None = None,
+        timer: Timer | None = None,
+        on_ready: Callable[[], object] | None = None,
+        executor: Executor | None = None,
+    ) -> SharedDelayIndex:
+        """Open (or create) the shared index ``name`` on ``storage``.
+
+        Arguments as for :meth:`DelayIndex.open`; ``on_ready()`` is called when something may
+        be due for some subscription.
+
+        Raises:
+            RecoveryError, StorageError, TypeError, ValueError: as :meth:`DelayIndex.open`.
+        """
+        topic = DelayIndex.open(
+            storage, name, config, clock=clock, timer=timer, on_ready=on_ready,
+            executor=executor,
+        )  # fmt: skip
+        return cls(topic, _OPEN_TOKEN)
+
+    # -- subscriptions ---------------------------------------------------------------------------
+
+    def subscribe(self, sub_name: str) -> Subscription:
+        """The named subscription's view, created if new.
+
+        A new subscription receives every position the topic index still tracks (its mark
+        starts at the topic's), and everything added later; keys already handed to the other
+        subscriptions (in the due log) are theirs.
+
+        Raises:
+            TypeError: ``sub_name`` is not a str. ValueError: it is empty.
+            TrackerClosedError: the index is closed.
+        """
+        if not isinstance(sub_name, str):
+            raise TypeError(f"sub_name must be a str, got {type(sub_name).__name__}")
+        if not sub_name:
+            raise ValueError("sub_name must not be empty")
+        with self._lock:
+            self._check_open()
+            view = self._views.get(sub_name)
+            if view is None:
+                mark = self._topic.mark_delete
+                self._subs[sub_name] = _SubState(sub_name, self._log.end, mark)
+                view = self._views[sub_name] = Subscription(self, sub_name)
+            return view
+
+    def unsubscribe(self, sub_name: str) -> None:
+        """Drop the subscription's state for good; what only it still needed is released.
+
+        Raises:
+            KeyError: no such subscription. TrackerClosedError: the index is closed.
+        """
+        with self._lock:
+            self._check_open()
+            state = self._subs.pop(sub_name)  # KeyError names it
+            self._views.pop(sub_name)._detached = True
+            for pos in state.private_positions():
+                self._unpin(pos)
+            self._after_progress()
+
+    def subscriptions(self) -> list[str]:
+        """The subscription names, sorted."""
+        with self._lock:
+            return sorted(self._subs)
+
+    # -- the building cursor ---------------------------------------------------------------------
+
+    def add(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
+        """Track a position for every subscription (as :meth:`DelayIndex.add`).
+
+        Returns True when it is tracked (or acknowledged by every subscription), False when it
+        is due now or not delayed: every subscription's dispatcher delivers it directly.
+        """
+        with self._lock:
+            self._check_open()
+            pos = (ledger_id, entry_id)
+            if self._held(pos):
+                return self._readd(pos, deliver_at)
+            return self._topic.add(ledger_id, entry_id, deliver_at)
+
+    def add_many(
+        self,
+        ledger_ids: Sequence[int] | npt.ArrayLike,
+        entry_ids: Sequence[int] | npt.ArrayLike,
+        deliver_ats: Sequence[int] | npt.ArrayLike,
+    ) -> npt.NDArray[np.bool_]:
+        """:meth:`add` for each element (as :meth:`DelayIndex.add_many`)."""
+        with self._lock:
+            self._check_open()
+            if not self._log.index and not self._private_count:
+                return self._topic.add_many(ledger_ids, entry_ids, deliver_ats)
+            ledgers = as_int64_array(ledger_ids, "ledger_ids")
+            entries = as_int64_array(entry_ids, "entry_ids")
+            times = as_int64_array(deliver_ats, "deliver_ats")
+            if not len(ledgers) == len(entries) == len(times):
+                raise ValueError("ledger_ids, entry_ids and deliver_ats differ in length")
+            held_ledgers = self._log.ledgers() | {led for led, _ in self._private_count}
+            rows = np.flatnonzero(np.isin(ledgers, np.fromiter(held_ledgers, np.int64)))
+            held = [int(i) for i in rows if self._held((int(ledgers[i]), int(entries[i])))]
+            if not held:
+                return self._topic.add_many(ledgers, entries, times)
+            # Validated as a whole by the topic first; then the held rows in order.
+            out = np.empty(len(ledgers), dtype=np.bool_)
+            keep = np.ones(len(ledgers), dtype=np.bool_)
+            keep[held] = False
+            out[keep] = self._topic.add_many(ledgers[keep], entries[keep], times[keep])
+            for i in held:
+                out[i] = self._readd((int(ledgers[i]), int(entries[i])), int(times[i]))
+            return out
+
+    def _held(self, pos: tuple[int, int]) -> bool:
+        """Whether the log or a subscription's private heap holds ``pos``."""
+        return pos in self._log.index or pos in self._private_count
+
+    def _readd(self, pos: tuple[int, int], deliver_at: int) -> bool:
+        """A re-add of a held position: each subscription's own tracker's outcome."""
+        _diagnose(ledger_id=pos[0], entry_id=pos[1], deliver_at=deliver_at)
+        topic_mark = self._topic.mark_delete
+        if topic_mark is not None and pos <= topic_mark:
+            return True  # acknowledged by every subscription: refused
+        now = self._topic._now()
+        tracked = deliver_at >= 0 and deliver_at > self._topic._core.cutoff_for(now)
+        seq = self._log.index.get(pos)
+        for state in self._subs.values():
+            if state.acked(*pos):
+                continue
+            in_log = seq is not None and seq >= state.seq and pos not in state.skip
+            private = next((k for k in state.private if (k[1], k[2]) == pos), None)
+            if not tracked:  # due now: untracked, the dispatcher delivers it
+                if private is not None:
+                    state.private.remove(private)
+                    heapq.heapify(state.private)
+                    self._unpin(pos)
+                if in_log:
+                    state.skip.add(pos)
+            elif private is None and not in_log:  # received already: a new copy
+                heapq.heappush(state.private, (deliver_at, pos[0], pos[1]))
+                self._private_count[pos] = self._private_count.get(pos, 0) + 1
+        return tracked
+
+    def _unpin(self, pos: tuple[int, int]) -> None:
+        left = self._private_count[pos] - 1
+        if left:
+            self._private_count[pos] = left
+        else:
+            del self._private_count[pos]
+
+    # -- reading (Subscription calls these under the lock) ---------------------------------------
+
+    def _pull(self, want: int) -> bool:
+        """Pop up to ``want`` due keys from the topic index into the log; whether any came."""
+        times, ledgers, entries = self._topic._poll_keys(want)
+        self._log.append(times, ledgers, entries)
+        return len(times) > 0
+
+    def _poll(self, state: _SubState, max_messages: int) -> list[Position]:
+        ledgers_out: list[Int64Array] = []
+        entries_out: list[Int64Array] = []
+        got = 0
+        cutoff = self._topic._core.cutoff_for(self._topic._now())
+        while got < max_messages:
+            if state.private and state.private[0][0] <= cutoff:
+                head = state.private[0]
+                if state.seq >= self._log.end:
+                    self._pull(1)
+                if state.seq >= self._log.end or head < self._log.key_at(state.seq):
+                    heapq.heappop(state.private)
+                    self._unpin((head[1], head[2]))
+                    ledgers_out.append(np.array([head[1]], dtype=np.int64))
+                    entries_out.append(np.array([head[2]], dtype=np.int64))
+                    got += 1
+                    continue
+                limit = 1  # the private key may come next: one log key at a time
+            else:
+                limit = max_messages - got
+            if state.seq >= self._log.end and not self._pull(limit):
+                break
+            seq, _, ledgers, entries = self._log.slice(state.seq, limit)
+            state.seq = seq + len(ledgers)
+            keep = self._unacked(state, ledgers, entries)
+            if state.skip:
+                for i in np.flatnonzero(keep).tolist():
+                    pos = (int(ledgers[i]), int(entries[i]))
+                    if pos in state.skip:
+                        state.skip.discard(pos)
+                        keep[i] = False
+            n = int(np.count_nonzero(keep))
+            if n:
+                ledgers_out.append(ledgers[keep])
+                entries_out.append(entries[keep])
+                got += n
+        state.received += got
+        self._after_progress()
+        if not got:
+            return []
+        ledgers_all = np.concatenate(ledgers_out)
+        entries_all = np.concatenate(entries_out)
+        order = np.lexsort((entries_all, ledgers_all))
+        return list(map(Position, ledgers_all[order].tolist(), entries_all[order].tolist()))
+
+    @staticmethod
+    def _unacked(
+        state: _SubState, ledgers: Int64Array, entries: Int64Array
+    ) -> npt.NDArray[np.bool_]:
+        if state.mark is None:
+            return np.ones(len(ledgers), dtype=np.bool_)
+        ml, me = state.mark
+        return (ledgers > ml) | ((ledgers == ml) & (entries > me))  # type: ignore[no-any-return]
+
+    def _has_available(self, state: _SubState) -> bool:
+        cutoff = self._topic._core.cutoff_for(self._topic._now())
+        if state.private and state.private[0][0] <= cutoff:
+            return True
+        while True:
+            for _, (_, ledger, entry) in self._log.keys_from(state.seq):
+                if not state.acked(ledger, entry) and (ledger, entry) not in state.skip:
+                    return True
+            if not self._pull(_LOOKAHEAD):
+                return False
+
+    def _next_time(self, state: _SubState) -> int | None:
+        times = [state.private[0][0]] if state.private else []
+        for _, (time, ledger, entry) in self._log.keys_from(state.seq):
+            if not state.acked(ledger, entry) and (ledger, entry) not in state.skip:
+                times.append(time)
+                break
+        topic_next = self._topic.next_delivery_time()
+        if topic_next is not None:
+            times.append(topic_next)
+        return min(times) if times else None
+
+    def _log_pending(self, state: _SubState) -> set[tuple[int, int]]:
+        """Positions the log still holds for ``state`` (off the hot path)."""
+        return {
+            (ledger, entry)
+            for seq, (_, ledger, entry) in self._log.keys_from(state.seq)
+            if not state.acked(ledger, entry)
+            and (ledger, entry) not in state.skip
+            and self._log.index.get((ledger, entry)) == seq
+        }
+
+    def _contains(self, state: _SubState, ledger: int, entry: int) -> bool:
+        _diagnose(ledger_id=ledger, entry_id=entry)
+        pos = (ledger, entry)
+        if state.acked(ledger, entry):
+            return False
+        seq = self._log.index.get(pos)
+        if seq is not None and seq >= state.seq and pos not in state.skip:
+            return True
+        if pos in self._private_count and any((k[1], k[2]) == pos for k in state.private):
+            return True
+        return bool(self._topic.contains(ledger, entry))
+
+    def _count(self, state: _SubState) -> int:
+        topic_part = len(self._topic) - self._topic_acked_by(state)
+        private = state.private_positions()
+        return topic_part + len(self._log_pending(state) | private)
+
+    def _topic_acked_by(self, state: _SubState) -> int:
+        """Positions the topic index tracks that ``state`` has acknowledged (above the topic's
+        mark, at or below its own)."""
+        if state.mark is None or state.mark == self._topic.mark_delete:
+            return 0
+        return self._topic._count_upto(*state.mark)
+
+    def _tracked_entries(
+        self, state: _SubState, ledger: int, first: int, last: int
+    ) -> BitMap:
+        out = BitMap(self._topic.tracked_entries(ledger, first, last))
+        for seq, (_, led, ent) in self._log.keys_from(state.seq):
+            if led == ledger and first <= ent <= last and _pos_pending(self, state, seq, led, ent):
+                out.add(ent)
+        for _, led, ent in state.private:
+            if led == ledger and first <= ent <= last:
+                out.add(ent)
+        if state.mark is not None and state.mark[0] >= ledger:
+            if state.mark[0] > ledger:
+                return BitMap()
+            out.remove_range(0, state.mark[1] + 1)
+        return out
+
+    def _set_mark(self, state: _SubState, ledger: int, entry: int) -> None:
+        _diagnose(ledger_id=ledger, entry_id=entry)
+        mark = (ledger, entry)
+        if state.mark is not None and mark <= state.mark:
+            return  # marks only move forward, as on DelayIndex
+        state.mark = mark
+        state.skip = {pos for pos in state.skip if pos > mark}
+        dropped = [k for k in state.private if (k[1], k[2]) <= mark]
+        if dropped:
+            state.private = [k for k in state.private if (k[1], k[2]) > mark]
+            heapq.heapify(state.private)
+            for _, led, ent in dropped:
+                self._unpin((led, ent))
+        self._after_progress()
+
+    def _after_progress(self) -> None:
+        """Drop log chunks every subscription has read; move the topic's mark to the lowest."""
+        states = list(self._subs.values())
+        self._log.trim(min((s.seq for s in states), default=self._log.end))
+        if not states or any(s.mark is None for s in states):
+            return
+        lowest = min(s.mark for s in states if s.mark is not None)
+        current = self._topic.mark_delete
+        if current is None or lowest > current:
+            self._topic.set_mark_delete(*lowest)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TrackerClosedError("the shared index is closed")
+
+    # -- the whole topic -------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Distinct positions some subscription still has to receive."""
+        with self._lock:
+            if self._closed:
+                return 0
+            held: set[tuple[int, int]] = set()
+            for state in self._subs.values():
+                held |= self._log_pending(state) | state.private_positions()
+            return len(self._topic) + len(held)
+
+    def flush(self) -> None:
+        """Block until every background write started so far has finished (as DelayIndex)."""
+        self._topic.flush()
+
+    def clear(self) -> None:
+        """Forget every position and every subscription's progress and mark (a rewind); the
+        subscriptions stay subscribed."""
+        with self._lock:
+            self._check_open()
+            self._topic.clear()
+            self._log.clear()
+            self._private_count.clear()
+            for name in self._subs:
+                self._subs[name] = _SubState(name, self._log.end, None)
+
+    def close(self) -> None:
+        """Close the topic index (idempotent); the subscriptions' views close with it.
+
+        Raises:
+            StorageError: as :meth:`DelayIndex.close` (everything else is closed first).
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._log.clear()
+        self._topic.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def stats(self) -> dict[str, Any]:
+        """The topic index's :meth:`DelayIndex.stats`, plus ``subscriptions`` (per name:
+        ``backlog``, ``lag`` in due-log keys, ``mark_delete``, ``received``), ``due_log``
+        (keys held) and ``due_log_bytes``."""
+        with self._lock:
+            out = self._topic.stats()
+            out["subscriptions"] = {
+                name: {
+                    "backlog": self._count(state) if not self._closed else 0,
+                    "lag": self._log.end - state.seq,
+                    "mark_delete": state.mark,
+                    "received": state.received,
+                }
+                for name, state in sorted(self._subs.items())
+            }
+            out["due_log"] = len(self._log)
+            out["due_log_bytes"] = self._log.nbytes
+            return out
+
+    def memory_usage_bytes(self) -> int:
+        """Resident estimate: the topic index plus the due log and private copies."""
+        with self._lock:
+            private = sum(48 * len(s.private) + 100 * len(s.skip) for s in self._subs.values())
+            return self._topic.memory_usage_bytes() + self._log.nbytes + private
+
+    def buckets(self) -> list[Any]:
+        """The topic index's buckets (:meth:`DelayIndex.buckets`)."""
+        return self._topic.buckets()
+
+    def quarantined(self) -> list[Any]:
+        """The topic index's quarantined buckets (:meth:`DelayIndex.quarantined`)."""
+        return self._topic.quarantined()
+
+    def release_quarantined(self, snapshot_id: str | None = None) -> int:
+        """As :meth:`DelayIndex.release_quarantined`, for the whole topic."""
+        return self._topic.release_quarantined(snapshot_id)
+
+    def _check(self) -> None:
+        """Assert the invariants in the module docs (tests call this)."""
+        with self._lock:
+            self._topic._check()
+            self._log._check()
+            states = list(self._subs.values())
+            marks = [s.mark for s in states]
+            if states and None not in marks:
+                assert self._topic.mark_delete == min(m for m in marks if m is not None)
+            pinned: dict[tuple[int, int], int] = {}
+            for state in states:
+                assert self._log.start <= state.seq <= self._log.end
+                for pos in state.skip:
+                    seq = self._log.index.get(pos)
+                    assert seq is not None and seq >= state.seq, f"stale skip {pos}"
+                for _, led, ent in state.private:
+                    pinned[led, ent] = pinned.get((led, ent), 0) + 1
+            assert pinned == self._private_count
+            for pos in [*self._log.index, *pinned]:
+                assert not self._topic.contains(*pos), f"{pos} both held and in the topic"
+
+
+def _pos_pending(
+    shared: SharedDelayIndex, state: _SubState, seq: int, ledger: int, entry: int
+) -> bool:
+    """Whether the log key at ``seq`` is still to be received by ``state``."""
+    return (
+        not state.acked(ledger, entry)
+        and (ledger, entry) not in state.skip
+        and shared._log.index.get((ledger, entry)) == seq
+    )
+
+
+class Subscription:
+    """One subscription's view of a :class:`SharedDelayIndex` (see :meth:`subscribe`).
+
+    Each method has :class:`~delayindex.DelayIndex`'s contract for this subscription alone:
+    every position becomes due once for the topic and this subscription receives it once, in
+    ``(deliver_at, ledger_id, entry_id)`` selection order, except positions at or below its
+    mark-delete.
+    """
+
+    def __init__(self, shared: SharedDelayIndex, name: str) -> None:
+        """Internal: use :meth:`SharedDelayIndex.subscribe`."""
+        self._shared = shared
+        self._name = name
+        self._detached = False
+
+    @property
+    def name(self) -> str:
+        """The subscription's name."""
+        return self._name
+
+    def _state(self) -> _SubState:
+        self._shared._check_open()
+        if self._detached:
+            raise TrackerClosedError(f"subscription {self._name!r} was unsubscribed")
+        return self._shared._subs[self._name]
+
+    def poll(self, max_messages: int) -> list[Position]:
+        """Remove and return up to ``max_messages`` due positions for this subscription,
+        selected in ``(deliver_at, ledger_id, entry_id)`` order, returned sorted by position."""
+        count = as_count(max_messages)
+        with self._shared._lock:
+            return self._shared._poll(self._state(), count)
+
+    def has_message_available(self) -> bool:
+        """Whether :meth:`poll` would return something now."""
+        with self._shared._lock:
+            return self._shared._has_available(self._state())
+
+    def next_delivery_time(self) -> int | None:
+        """Never later than the smallest deliver time this subscription still has; None when
+        it has nothing."""
+        with self._shared._lock:
+            if self._shared.closed or self._detached:
+                return None
+            return self._shared._next_time(self._state())
+
+    def contains(self, ledger_id: int, entry_id: int) -> bool:
+        """Whether this subscription still has to receive the position."""
+        with self._shared._lock:
+            if self._shared.closed or self._detached:
+                return False
+            return self._shared._contains(self._state(), ledger_id, entry_id)
+
+    def __len__(self) -> int:
+        """Positions this subscription still has to receive."""
+        with self._shared._lock:
+            if self._shared.closed or self._detached:
+                return 0
+            return self._shared._count(self._state())
+
+    def set_mark_delete(self, ledger_id: int, entry_id: int) -> None:
+        """Acknowledge every position ``<= (ledger_id, entry_id)`` for this subscription (moves
+        only forward); the topic index trims what every subscription has acknowledged."""
+        with self._shared._lock:
+            self._shared._set_mark(self._state(), ledger_id, entry_id)
+
+    @property
+    def mark_delete(self) -> tuple[int, int] | None:
+        """This subscription's mark-delete position, or None."""
+        with self._shared._lock:
+            return self._state().mark
+
+    def tracked_entries(self, ledger_id: int, first_entry: int, last_entry: int) -> BitMap:
+        """Entries of ``ledger_id`` in ``[first_entry, last_entry]`` this subscription still has
+        to receive (its dispatcher skips reading them)."""
+        _diagnose(ledger_id=ledger_id, entry_id=first_entry)
+        _diagnose(ledger_id=ledger_id, entry_id=last_entry)
+        with self._shared._lock:
+            return self._shared._tracked_entries(
+                self._state(), ledger_id, first_entry, last_entry
+            )
+
+    def should_pause_all_deliveries(self) -> bool:
+        """The topic index's fixed-delay pause, unless this subscription has something due."""
+        with self._shared._lock:
+            state = self._state()
+            if self._shared._has_available(state):
+                return False
+            return self._shared._topic.should_pause_all_deliveries()
+
+    def __repr__(self) -> str:
+        return f"Subscription({self._name!r})"
+
+
+_OPEN_TOKEN = object()
