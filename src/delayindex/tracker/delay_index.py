@@ -55,23 +55,11 @@ Threads: one lock guards the core and the bucket table. Background jobs do their
 and take it only to install results (in slices where the work is large). Jobs are queued while
 the lock is held and submitted after it is released, so an inline executor cannot deadlock.
 
-Layout. :class:`DelayIndex` is assembled from mixins; its state lives on the instance (set in
-``__init__`` here) and each mixin declares the attributes it uses:
-
-* this module: the public class, construction (``open``), the job queue, the hot path
-  (``add``, ``add_many``, ``poll``, ``contains``, ...), sealing, ``_build`` (so tests can patch
-  this module's ``build_snapshot``), the mark-delete, ``flush`` and ``close``;
-* ``tracker._bucket``: ``_Bucket``, :class:`BucketInfo` and ``_PendingCreate``;
-* ``tracker._recovery``: recovery at open (``_recover``);
-* ``tracker._persist``: the group-commit writer (persist job, acknowledgements, ``_settle``);
-* ``tracker._housekeeping``: trim, retire and delete, deferred changes and their retries,
-  ``clear``;
-* ``tracker._merge``: merges and the bucket bound (``MERGE_READ_SEGMENTS``,
-  ``MERGE_FILTER_ROWS``);
-* ``tracker._loading``: segment loads and exhaustion (``LOAD_BATCH_INDEXES``);
-* ``tracker._stats``: ``_OpStats``, ``stats()``, the problems list, ``buckets()``,
-  ``memory_usage_bytes()`` and the invariant check ``_check``;
-* ``tracker._damage``: the problem log, quarantine, release and repair.
+Layout. :class:`DelayIndex` is assembled from mixins, one module per responsibility (recovery,
+the persist writer, housekeeping, merges, loads, stats, damage; ``docs/architecture.md`` maps
+them); its state lives on the instance (set in ``__init__`` here) and each mixin declares the
+attributes it uses. This module holds the public class, ``open``, the job queue, the hot path,
+sealing, ``_build`` (so tests can patch this module's ``build_snapshot``), the mark and ``close``.
 """
 
 from __future__ import annotations
