@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import pytest
@@ -21,6 +21,7 @@ from delayindex import (
     ManualClock,
     MemoryStorage,
     Position,
+    SharedDelayIndex,
     TrackerClosedError,
     TrackerConfig,
 )
@@ -67,7 +68,57 @@ def _delay_index_tiny_inline(clock: ManualClock, tmp_path: Path, **config: Any) 
     )  # fmt: skip
 
 
+class _OneSubscription:
+    """A shared index with one subscription, seen as one tracker: the index's ``add`` and the
+    subscription's reads (the issue's "a Subscription plus the index's add")."""
+
+    def __init__(self, shared: SharedDelayIndex) -> None:
+        self.shared = shared
+        self.sub = shared.subscribe("only")
+        for name in ("add", "add_many", "flush", "close", "clear", "stats", "reset_tick_time",
+                     "memory_usage_bytes", "_check"):  # fmt: skip
+            setattr(self, name, getattr(shared, name))
+        for name in ("poll", "has_message_available", "next_delivery_time", "contains",
+                     "set_mark_delete", "tracked_entries",
+                     "should_pause_all_deliveries"):  # fmt: skip
+            setattr(self, name, getattr(self.sub, name))
+
+    def __len__(self) -> int:
+        return len(self.sub)
+
+    def __contains__(self, position: object) -> bool:
+        return position in self.sub
+
+    @property
+    def closed(self) -> bool:
+        return self.shared.closed
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shared.close()
+
+
+def _shared_tiny_inline(clock: ManualClock, tmp_path: Path, **config: Any) -> _OneSubscription:
+    """A one-subscription shared index with tiny buckets, background work inline."""
+    return _OneSubscription(SharedDelayIndex.open(
+        MemoryStorage(), "contract", TrackerConfig(**{**TINY, **config}), clock=clock,
+        executor=InlineExecutor(),
+    ))  # fmt: skip
+
+
+def _shared_tiny(clock: ManualClock, tmp_path: Path, **config: Any) -> _OneSubscription:
+    """A one-subscription shared index with tiny buckets on FileStorage and its own thread."""
+    return _OneSubscription(SharedDelayIndex.open(
+        FileStorage(tmp_path / f"store-{len(list(tmp_path.iterdir()))}"), "contract",
+        TrackerConfig(**{**TINY, **config}), clock=clock,
+    ))  # fmt: skip
+
+
 KINDS: dict[str, Callable[..., Any]] = {
+    "shared_tiny": _shared_tiny,
+    "shared_tiny_inline": _shared_tiny_inline,
     "in_memory": _in_memory,
     "delay_index": _delay_index,
     "delay_index_tiny": _delay_index_tiny,
@@ -94,7 +145,7 @@ def make(request: pytest.FixtureRequest, clock: ManualClock, tmp_path: Path) -> 
 
 def check(tracker: Any) -> None:
     """Run the invariants (DelayIndex also checks its bucket table against the manifest)."""
-    if isinstance(tracker, DelayIndex):
+    if isinstance(tracker, DelayIndex | _OneSubscription):
         tracker.flush()
         tracker._check()
     else:

@@ -430,6 +430,10 @@ class SharedDelayIndex:
         """Block until every background write started so far has finished (as DelayIndex)."""
         self._topic.flush()
 
+    def reset_tick_time(self, tick_ms: int) -> None:
+        """Use ``tick_ms`` from now on, for every subscription (as DelayIndex)."""
+        self._topic.reset_tick_time(tick_ms)
+
     def clear(self) -> None:
         """Forget every position and every subscription's progress and mark (a rewind); the
         subscriptions stay subscribed."""
@@ -574,8 +578,10 @@ class Subscription:
             return self._shared._poll(self._state(), count)
 
     def has_message_available(self) -> bool:
-        """Whether :meth:`poll` would return something now."""
+        """Whether :meth:`poll` would return something now (False once closed)."""
         with self._shared._lock:
+            if self._shared.closed or self._detached:
+                return False
             return self._shared._has_available(self._state())
 
     def next_delivery_time(self) -> int | None:
@@ -592,6 +598,12 @@ class Subscription:
             if self._shared.closed or self._detached:
                 return False
             return self._shared._contains(self._state(), ledger_id, entry_id)
+
+    def __contains__(self, position: object) -> bool:
+        """``(ledger_id, entry_id) in subscription``."""
+        if not isinstance(position, tuple) or len(position) != 2:
+            return False
+        return self.contains(position[0], position[1])
 
     def __len__(self) -> int:
         """Positions this subscription still has to receive."""
@@ -625,6 +637,8 @@ class Subscription:
     def should_pause_all_deliveries(self) -> bool:
         """The topic index's fixed-delay pause, unless this subscription has something due."""
         with self._shared._lock:
+            if self._shared.closed or self._detached:
+                return False
             state = self._state()
             if self._shared._has_available(state):
                 return False
