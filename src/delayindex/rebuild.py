@@ -67,7 +67,7 @@ from delayindex.errors import (
 )
 from delayindex.garbage import find_garbage
 from delayindex.model import MAX_ENTRY_ID, MAX_LEDGER_ID
-from delayindex.policy import select_merge_window
+from delayindex.policy import cutoff_ms, plan_ranges
 from delayindex.snapshot.format import PreparedSegments, SnapshotMetadata, build_snapshot
 from delayindex.storage.base import SnapshotStorage
 from delayindex.storage.catalog import Catalog
@@ -249,8 +249,7 @@ class Classification:
 
 def cutoff_for(now_ms: int, config: TrackerConfig) -> int:
     """The online cutoff at ``now_ms``: a message is due when ``deliver_at <= cutoff``."""
-    now = _int(now_ms, "now_ms")
-    return now if config.strict else min(now + config.tick_ms, _INT64_MAX)
+    return cutoff_ms(_int(now_ms, "now_ms"), config.tick_ms, config.strict)
 
 
 def classify(
@@ -346,29 +345,9 @@ def plan_buckets(
         raise ValueError("ledgers must be non-negative and strictly increasing")
     if len(n) and int(n.min()) < 0:
         raise ValueError("counts must be >= 0")
-    keep = n > 0
-    ledgers, n = ledgers[keep], n[keep]
-    # Sealing: from bucket start i, the ledger whose add brings the count to the minimum ends it.
-    total = np.cumsum(n)
-    minimum = config.min_index_count_per_bucket
-    spans: list[tuple[int, int, int]] = []  # (first ledger index, last ledger index, messages)
-    i, before = 0, 0
-    while i < len(n):
-        j = int(np.searchsorted(total, before + minimum, side="left"))
-        j = min(j, len(n) - 1)
-        spans.append((i, j, int(total[j]) - before))
-        before = int(total[j])
-        i = j + 1
-    buckets = [(int(ledgers[a]), int(ledgers[b]), count) for a, b, count in spans]
-    limit = config.max_num_buckets
-    while 0 < limit < len(buckets):
-        chosen = select_merge_window([(True, count, 0) for _, _, count in buckets])
-        assert chosen is not None  # two or more buckets, all eligible
-        first, width = chosen
-        window = buckets[first : first + width]
-        merged = (window[0][0], window[-1][1], sum(c for _, _, c in window))
-        buckets[first : first + width] = [merged]
-    return [(start, end) for start, end, _ in buckets]
+    return plan_ranges(
+        ledgers.tolist(), n.tolist(), config.min_index_count_per_bucket, config.max_num_buckets
+    ).ranges
 
 
 # -- 3. one bucket's snapshot -----------------------------------------------------------------
