@@ -377,8 +377,7 @@ def build_bucket(
         times,
         ledgers,
         entries,
-        max_time_step_ms=config.max_time_step_per_segment_ms,
-        max_indexes_per_segment=config.max_indexes_per_segment,
+        **config.builder_settings(),
         start_ledger=start,
         end_ledger=end,
         validate=validate,
@@ -563,8 +562,7 @@ def rebuild_local(
     catalog = Catalog.open(
         storage,
         name,
-        max_delete_attempts=config.max_delete_attempts,
-        delete_retry_delay_ms=config.delete_retry_delay_ms,
+        **config.catalog_settings(),
     )
     try:
         previous_mark = catalog.manifest.mark_delete

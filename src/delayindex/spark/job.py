@@ -850,8 +850,7 @@ def rebuild_dump(
             storage,
             name,
             crash_hook=crash_hook,
-            max_delete_attempts=config.max_delete_attempts,
-            delete_retry_delay_ms=config.delete_retry_delay_ms,
+            **config.catalog_settings(),
         )
     except BaseException:
         storage.close()
