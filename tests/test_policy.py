@@ -7,13 +7,17 @@ them to the one pure definition (on both builds: the native classes come from
 
 from __future__ import annotations
 
+import ast
 import itertools
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import delayindex
 from delayindex import TrackerConfig, _impl
 from delayindex.policy import INT64_MAX, bucket_is_full, cutoff_ms, plan_ranges
 from delayindex.rebuild import cutoff_for
@@ -114,3 +118,43 @@ def test_plan_ranges_is_the_online_predicate_in_ledger_order(
         assert count == sum(plan.counts[k:j])
         k = j
     assert k == len(plan.ranges)
+
+
+# -- layering --------------------------------------------------------------------------------------
+
+PACKAGE = Path(delayindex.__file__).parent
+
+
+def _imports(path: Path, *, runtime_only: bool) -> set[str]:
+    """Modules ``path`` imports (``from x import y`` counts as ``x``); with ``runtime_only``,
+    not those under ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    if runtime_only:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
+def test_policy_imports_only_the_standard_library_at_run_time() -> None:
+    modules = _imports(PACKAGE / "policy.py", runtime_only=True)
+    assert {m.split(".")[0] for m in modules} <= {*sys.stdlib_module_names, "__future__"}
+
+
+def test_offline_tools_and_lower_layers_never_import_the_tracker() -> None:
+    files = [PACKAGE / "policy.py", PACKAGE / "config.py"]
+    for package in ("rebuild", "spark", "dump", "snapshot"):
+        files.extend((PACKAGE / package).rglob("*.py"))
+    assert len(files) > 10
+    for path in files:
+        bad = {m for m in _imports(path, runtime_only=False) if m.startswith("delayindex.tracker")}
+        assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
