@@ -209,3 +209,37 @@ def test_replace_rejects_unknown_fields() -> None:
 def test_huge_int_settings_rejected_at_construction(field: str) -> None:
     with pytest.raises(ValueError, match=field):
         TrackerConfig(**{field: 2**63})
+
+
+# --- the one translation into keyword arguments ---------------------------------------------------
+
+
+def test_settings_are_the_keyword_arguments_of_what_they_configure() -> None:
+    """Every settings dict names parameters its consumer takes, with the config's values."""
+    import inspect
+
+    from delayindex import _impl
+    from delayindex.snapshot.format import build_snapshot
+    from delayindex.storage.catalog import Catalog
+
+    config = TrackerConfig(
+        tick_ms=7, strict=True, fixed_delay_lookahead=3, min_index_count_per_bucket=11,
+        max_time_step_per_segment_ms=13, max_indexes_per_segment=17, max_delete_attempts=19,
+        delete_retry_delay_ms=23,
+    )  # fmt: skip
+    consumers = [
+        (config.core_settings(), _impl.PureTrackerCore.__init__),
+        (config.bucket_core_settings(), _impl.PureBucketCore.__init__),
+        (config.catalog_settings(), Catalog.open),
+        (config.builder_settings(), build_snapshot),
+    ]
+    for settings, consumer in consumers:
+        assert set(settings) <= set(inspect.signature(consumer).parameters), consumer
+    assert config.bucket_core_settings() == {
+        "tick_ms": 7, "strict": True, "fixed_delay_lookahead": 3, "min_index_count_per_bucket": 11,
+    }  # fmt: skip
+    assert config.catalog_settings() == {"max_delete_attempts": 19, "delete_retry_delay_ms": 23}
+    assert config.builder_settings() == {"max_time_step_ms": 13, "max_indexes_per_segment": 17}
+    for core in (_impl.TrackerCore(**config.core_settings()),
+                 _impl.BucketCore(**config.bucket_core_settings())):  # fmt: skip
+        assert (core.tick_ms, core.strict, core.cutoff_for(100)) == (7, True, 100)

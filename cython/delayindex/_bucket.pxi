@@ -161,6 +161,7 @@ cdef class BucketCore:
         self._tick = value
 
     cdef inline int64_t cutoff(self, int64_t now) noexcept:
+        # delayindex.policy.cutoff_ms inline (tests/test_policy.py checks that they agree).
         if self.strict:
             return now
         if now > INT64_MAX_ - self._tick:
@@ -331,7 +332,7 @@ cdef class BucketCore:
         sealed = ledger <= self.max_sealed_end and self.in_sealed_range(ledger)
         to_mutable = not sealed and ledger >= self.mutable_end
         if to_mutable and ledger > self.mutable_end:
-            if self.mutable.n >= self.min_index_count:
+            if self.mutable.n >= self.min_index_count:  # policy.bucket_is_full, inline
                 return 3
             if self.mutable_start >= 0 and self.crosses_sealed(ledger):
                 # A bucket never spans a sealed range (after a reopen, sealed buckets can lie

@@ -82,6 +82,7 @@ cdef class TrackerCore:
         self._tick = value
 
     cdef inline int64_t cutoff(self, int64_t now) noexcept:
+        # delayindex.policy.cutoff_ms inline (tests/test_policy.py checks that they agree).
         if self.strict:
             return now
         if now > INT64_MAX_ - self._tick:

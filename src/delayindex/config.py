@@ -1,9 +1,46 @@
-"""Tracker configuration: one frozen, validated dataclass instead of positional knobs."""
+"""Tracker configuration: one frozen, validated dataclass instead of positional knobs.
+
+A :class:`TrackerConfig` is also the one place that translates its fields into the keyword
+arguments of what it configures: :meth:`~TrackerConfig.core_settings` and
+:meth:`~TrackerConfig.bucket_core_settings` (the cores), :meth:`~TrackerConfig.catalog_settings`
+(``Catalog.open``) and :meth:`~TrackerConfig.builder_settings` (``build_snapshot``). The online
+drivers, the local rebuild and the Spark job all pass these, so a renamed or added setting is
+wired in here once. Each returns a TypedDict, so ``**`` use is type-checked against the callee.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TypedDict
+
+
+class CoreSettings(TypedDict):
+    """Keyword arguments of a ``TrackerCore`` (InMemoryTracker's core)."""
+
+    tick_ms: int
+    strict: bool
+    fixed_delay_lookahead: int
+
+
+class BucketCoreSettings(CoreSettings):
+    """Keyword arguments of a ``BucketCore`` (DelayIndex's core)."""
+
+    min_index_count_per_bucket: int
+
+
+class CatalogSettings(TypedDict):
+    """Keyword arguments of ``Catalog.open`` that come from the config."""
+
+    max_delete_attempts: int
+    delete_retry_delay_ms: int
+
+
+class BuilderSettings(TypedDict):
+    """Keyword arguments of ``build_snapshot`` that come from the config (segment limits)."""
+
+    max_time_step_ms: int
+    max_indexes_per_segment: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +110,34 @@ class TrackerConfig:
         _at_least("group_commit_max_ops", self.group_commit_max_ops, 1)
         _at_least("group_commit_max_bytes", self.group_commit_max_bytes, 1)
         _at_least("group_commit_max_delay_ms", self.group_commit_max_delay_ms, 0)
+
+    def core_settings(self) -> CoreSettings:
+        """The ``TrackerCore`` arguments: cutoff slack, strictness, fixed-delay lookahead."""
+        return CoreSettings(
+            tick_ms=self.tick_ms,
+            strict=self.strict,
+            fixed_delay_lookahead=self.fixed_delay_lookahead,
+        )
+
+    def bucket_core_settings(self) -> BucketCoreSettings:
+        """The ``BucketCore`` arguments: :meth:`core_settings` and the sealing minimum."""
+        return BucketCoreSettings(
+            **self.core_settings(), min_index_count_per_bucket=self.min_index_count_per_bucket
+        )
+
+    def catalog_settings(self) -> CatalogSettings:
+        """The ``Catalog.open`` arguments: how failed deletes are retried and dead-lettered."""
+        return CatalogSettings(
+            max_delete_attempts=self.max_delete_attempts,
+            delete_retry_delay_ms=self.delete_retry_delay_ms,
+        )
+
+    def builder_settings(self) -> BuilderSettings:
+        """The ``build_snapshot`` arguments: how a bucket is cut into segments."""
+        return BuilderSettings(
+            max_time_step_ms=self.max_time_step_per_segment_ms,
+            max_indexes_per_segment=self.max_indexes_per_segment,
+        )
 
     def replace(self, **changes: object) -> TrackerConfig:
         """Return a copy with ``changes`` applied (and validated)."""

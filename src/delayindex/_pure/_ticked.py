@@ -1,11 +1,13 @@
 """The time state both pure cores share (twin of the same code in ``_core.pxi``/``_bucket.pxi``):
-the tick, the cutoff rule, and Pulsar's fixed-delay detection (§1.6 of the notes)."""
+the tick, the cutoff (the rule itself is :func:`delayindex.policy.cutoff_ms`), and Pulsar's
+fixed-delay detection (§1.6 of the notes)."""
 
 from __future__ import annotations
 
 from abc import abstractmethod
 
-from delayindex._pure._ints import INT64_MAX, as_i64
+from delayindex._pure._ints import as_i64
+from delayindex.policy import cutoff_ms
 
 
 class TickedCore:
@@ -35,8 +37,7 @@ class TickedCore:
 
     def cutoff_for(self, now: int) -> int:
         """The cutoff for ``now``: a message is due when deliver_at <= cutoff."""
-        now = as_i64(now)
-        return now if self.strict else min(now + self._tick, INT64_MAX)
+        return cutoff_ms(as_i64(now), self._tick, self.strict)
 
     def _note_deliver_at(self, deliver_at: int) -> None:
         # Out of order by more than a tick means delays are not fixed (Pulsar #16609).

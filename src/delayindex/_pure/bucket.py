@@ -52,6 +52,7 @@ from delayindex.model import (
     MAX_ENTRY_ID,
     Position,
 )
+from delayindex.policy import bucket_is_full
 
 Int64Array = npt.NDArray[np.int64]
 #: ``add`` result codes (``ACKED``: at or below the mark-delete, dropped; do not deliver).
@@ -303,7 +304,7 @@ class BucketCore(TickedCore):
         sealed = self.in_sealed_range(ledger)
         to_mutable = not sealed and ledger >= self._mutable_end
         if to_mutable and ledger > self._mutable_end:
-            if len(self._mutable) >= self.min_index_count:
+            if bucket_is_full(len(self._mutable), self.min_index_count):
                 return SEAL_FIRST
             if self._mutable_start >= 0 and self._crosses_sealed(ledger):
                 # A bucket never spans a sealed range (after a reopen, sealed buckets can lie

@@ -137,12 +137,7 @@ class DelayIndex(
         self._storage: SnapshotStorage = kwargs["storage"]
         self._name: str = _catalog.name
         self._clock: Clock = kwargs["clock"]
-        self._core: Any = _impl.BucketCore(
-            config.tick_ms,
-            config.strict,
-            config.fixed_delay_lookahead,
-            config.min_index_count_per_bucket,
-        )
+        self._core: Any = _impl.BucketCore(**config.bucket_core_settings())
         self._lock = threading.Lock()
         timer: Timer | None = kwargs["timer"]
         self._arming = ArmingRule(timer, self._on_timer) if timer is not None else None
@@ -235,8 +230,7 @@ class DelayIndex(
                 storage,
                 name,
                 clock=the_clock,
-                max_delete_attempts=config.max_delete_attempts,
-                delete_retry_delay_ms=config.delete_retry_delay_ms,
+                **config.catalog_settings(),
             )
         except (SnapshotCorruptError, StorageError, ManifestConflictError) as exc:
             raise RecoveryError(f"could not open the manifest of {name!r}: {exc}") from exc
@@ -427,8 +421,7 @@ class DelayIndex(
             times,
             ledgers,
             entries,
-            max_time_step_ms=self._config.max_time_step_per_segment_ms,
-            max_indexes_per_segment=self._config.max_indexes_per_segment,
+            **self._config.builder_settings(),
             start_ledger=start,
             end_ledger=end,
             validate=False,  # positions come from the dedup index: distinct by construction

@@ -71,9 +71,7 @@ class InMemoryTracker(TrackerFront):
             raise TypeError("on_ready must be callable")
         self._config = config
         self._clock: Clock = clock if clock is not None else _impl.wall_clock_ms
-        self._core: Any = _impl.TrackerCore(
-            config.tick_ms, config.strict, config.fixed_delay_lookahead
-        )
+        self._core: Any = _impl.TrackerCore(**config.core_settings())
         self._lock = threading.Lock()
         self._arming = ArmingRule(timer, self._on_timer) if timer is not None else None
         self._on_ready = on_ready
