@@ -15,6 +15,7 @@ from delayindex.storage.manifest import (
     BucketRecord,
     Intent,
     Manifest,
+    SubscriptionRecord,
     decode_manifest,
     encode_manifest,
     validate_key,
@@ -293,3 +294,33 @@ def test_mark_delete_round_trips_and_is_absent_when_unset() -> None:
 def test_bad_mark_delete_is_corrupt(mark: Any) -> None:
     with pytest.raises(SnapshotCorruptError, match=WHERE):
         decode_manifest(_frame(_document(mark_delete=mark)), WHERE)
+
+
+def test_subscriptions_round_trip_and_stay_out_of_older_bytes() -> None:
+    plain = Manifest("topic", version=3)
+    shared = replace(
+        plain, subscriptions=(SubscriptionRecord("a", (4, 2)), SubscriptionRecord("b"))
+    )
+    assert decode_manifest(encode_manifest(shared), "m") == shared
+    assert b"subscriptions" not in encode_manifest(plain)  # older manifests byte-identical
+
+
+@pytest.mark.parametrize(
+    ("subs", "error"),
+    [
+        ((SubscriptionRecord("b"), SubscriptionRecord("a")), ValueError),  # not sorted
+        ((SubscriptionRecord("a"), SubscriptionRecord("a")), ValueError),  # twice
+        (("a",), TypeError),
+    ],
+)
+def test_bad_subscriptions_are_refused(subs: Any, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        Manifest("topic", subscriptions=subs)
+
+
+@pytest.mark.parametrize("mark", [(1,), (1, -1), (True, 0), [1, 2]])
+def test_bad_subscription_marks_are_refused(mark: Any) -> None:
+    with pytest.raises((TypeError, ValueError)):
+        SubscriptionRecord("a", mark)
+    with pytest.raises(TypeError):
+        SubscriptionRecord("", None)

@@ -14,9 +14,10 @@ A :class:`Manifest` is the single source of truth for one name (one tracker). It
   a release); a resolved one (released, repaired, acknowledged, cleared) only keeps the damaged
   object where the operator can see it;
 * optionally ``mark_delete`` (the owner's acknowledged position) and ``writer_status`` (what the
-  writer held only in memory at the commit, for ``delayindex inspect``). These and
-  ``quarantined`` are left out of the bytes when empty, so manifests without them encode exactly
-  as before they existed.
+  writer held only in memory at the commit, for ``delayindex inspect``);
+* for a shared index, ``subscriptions``: each subscription's name and mark-delete position
+  (:class:`SubscriptionRecord`, sorted by name). These and ``quarantined`` are left out of the
+  bytes when empty, so manifests without them encode exactly as before they existed.
 
 Invariants (checked whenever a Manifest is built, hence on every decode):
 
@@ -94,6 +95,15 @@ def _check_int(value: object, what: str, low: int = 0, high: int = _MAX_LEDGER) 
         raise TypeError(f"{what} must be an int, got {type(value).__name__}")
     if not low <= value <= high:
         raise ValueError(f"{what} {value} outside [{low}, {high}]")
+
+
+def _check_mark(mark: object, what: str) -> None:
+    if mark is None:
+        return
+    if not isinstance(mark, tuple) or len(mark) != 2:
+        raise TypeError(f"{what} must be a (ledger_id, entry_id) tuple or None")
+    _check_int(mark[0], f"{what} ledger_id")
+    _check_int(mark[1], f"{what} entry_id", 0, 2**32 - 1)
 
 
 def _check_range(start: int, end: int, what: str) -> None:
@@ -196,6 +206,27 @@ class QuarantineRecord:
         return self.state == "active"
 
 
+#: Longest subscription name a manifest stores.
+MAX_SUBSCRIPTION_NAME = 256
+
+
+@dataclass(frozen=True)
+class SubscriptionRecord:
+    """One subscription of a shared index and its mark-delete position (None: nothing
+    acknowledged yet). The shared index persists these with its commits."""
+
+    name: str
+    mark_delete: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not 0 < len(self.name) <= MAX_SUBSCRIPTION_NAME:
+            raise TypeError(
+                f"subscription name must be a non-empty str of at most "
+                f"{MAX_SUBSCRIPTION_NAME} characters"
+            )
+        _check_mark(self.mark_delete, f"subscription {self.name!r} mark_delete")
+
+
 @dataclass(frozen=True)
 class WriterStatus:
     """What the name's writer held only in memory when it made a commit (shown by the CLI).
@@ -231,15 +262,13 @@ class Manifest:
     writer_status: WriterStatus | None = None
     #: Damaged buckets moved out of the live set (their objects are kept).
     quarantined: tuple[QuarantineRecord, ...] = ()
+    #: A shared index's subscriptions, sorted by name (empty for a per-subscription index).
+    subscriptions: tuple[SubscriptionRecord, ...] = ()
     _live: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate_key(self.name, "manifest name")
-        if self.mark_delete is not None:
-            if not isinstance(self.mark_delete, tuple) or len(self.mark_delete) != 2:
-                raise TypeError("mark_delete must be a (ledger_id, entry_id) tuple or None")
-            _check_int(self.mark_delete[0], "mark_delete ledger_id")
-            _check_int(self.mark_delete[1], "mark_delete entry_id", 0, 2**32 - 1)
+        _check_mark(self.mark_delete, "mark_delete")
         if self.writer_status is not None and not isinstance(self.writer_status, WriterStatus):
             raise TypeError("writer_status must be a WriterStatus or None")
         _check_int(self.version, "version", 0)
@@ -248,9 +277,13 @@ class Manifest:
             ("intents", self.intents, Intent),
             ("dead_letters", self.dead_letters, Intent),
             ("quarantined", self.quarantined, QuarantineRecord),
+            ("subscriptions", self.subscriptions, SubscriptionRecord),
         ):
             if not isinstance(items, tuple) or not all(isinstance(x, cls) for x in items):
                 raise TypeError(f"{what} must be a tuple of {cls.__name__}")
+        names = [sub.name for sub in self.subscriptions]
+        if names != sorted(set(names)):
+            raise ValueError("subscriptions must be sorted by name, each name once")
         for previous, bucket in zip(self.buckets, self.buckets[1:], strict=False):
             if bucket.start_ledger <= previous.end_ledger:
                 raise ValueError(
@@ -422,6 +455,12 @@ def encode_manifest(manifest: Manifest) -> bytes:
         document["writer_status"] = dataclasses.asdict(manifest.writer_status)
     if manifest.quarantined:  # likewise
         document["quarantined"] = [dataclasses.asdict(q) for q in manifest.quarantined]
+    if manifest.subscriptions:  # likewise
+        document["subscriptions"] = [
+            {"name": sub.name, "mark_delete": None if sub.mark_delete is None
+             else list(sub.mark_delete)}
+            for sub in manifest.subscriptions
+        ]  # fmt: skip
     payload = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
     head = _HEAD.pack(MANIFEST_MAGIC, MANIFEST_FORMAT, len(payload))
     return head + _CRC.pack(mmh3.hash(head + payload, CHECKSUM_SEED, signed=False)) + payload
@@ -457,6 +496,17 @@ def _list(obj: object, what: str) -> list[Any]:
     if not isinstance(obj, list):
         raise TypeError(f"{what} must be a list")
     return obj
+
+
+def _subscription_from(obj: object) -> SubscriptionRecord:
+    f = _fields(obj, frozenset(("name", "mark_delete")), "subscription")
+    mark = f["mark_delete"]
+    if mark is not None:
+        mark = _list(mark, "subscription mark_delete")
+        if len(mark) != 2:
+            raise ValueError("a subscription's mark_delete must be [ledger_id, entry_id]")
+        mark = (mark[0], mark[1])
+    return SubscriptionRecord(f["name"], mark)
 
 
 def _intent_from(obj: object) -> Intent:
@@ -510,6 +560,13 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
                 QuarantineRecord(**_fields(q, _QUARANTINE_KEYS, "quarantine record"))
                 for q in _list(document.pop("quarantined"), "quarantined")
             )
+        subscriptions: tuple[SubscriptionRecord, ...] = ()
+        if isinstance(document, dict) and "subscriptions" in document:
+            document = dict(document)
+            subscriptions = tuple(
+                _subscription_from(sub)
+                for sub in _list(document.pop("subscriptions"), "subscriptions")
+            )
         f = _fields(document, _MANIFEST_KEYS, "manifest")
         buckets = []
         for obj in _list(f["buckets"], "buckets"):
@@ -533,6 +590,7 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
             mark_delete=None if mark is None else (mark[0], mark[1]),
             writer_status=status,
             quarantined=quarantined,
+            subscriptions=subscriptions,
         )
     except (ValueError, TypeError) as exc:  # json.JSONDecodeError and UnicodeDecodeError included
         raise SnapshotCorruptError(f"{where}: invalid manifest: {exc}") from None
