@@ -1,0 +1,191 @@
+"""The object half of :class:`~delayindex.storage.base.BaseStorage`: create, read, delete.
+
+How a snapshot is read (the layout is ``delayindex.snapshot.codec``'s): the fixed header prefix,
+then the rest of the header (entry lengths, checksummed), then only the entries asked for. The
+object's size must equal the size the header announces, so truncation or trailing garbage is
+caught before any entry is trusted. Decoding a segment needs the metadata (entry 0), so decoded
+metadata is kept in a small LRU keyed by snapshot id and validated by a *fingerprint* of the
+stored object (a generation counter in memory; inode, size and mtime on disk).
+
+Invariants: objects are immutable once created (``create`` never overwrites; a retry accepts
+only identical bytes); a cached metadata is used only while the stored object's fingerprint is
+unchanged, and one cached without its bitmaps checked is checked before a caller that asks for
+them gets it; every read runs inside one retry attempt, so a transient failure rereads from the
+header on.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from delayindex.errors import SnapshotCorruptError
+from delayindex.snapshot.codec import (
+    FIXED_HEADER_BYTES,
+    ObjectHeader,
+    check_metadata_bitmaps,
+    decode_metadata,
+    decode_segments,
+    encode_snapshot,
+    header_bytes_needed,
+    read_header,
+)
+from delayindex.snapshot.format import Segment, SegmentList, SnapshotMetadata
+from delayindex.storage._base_raw import ObjectInfo, ObjectSource, RawStorage, _check_int
+from delayindex.storage.manifest import validate_key
+
+Int64Array = npt.NDArray[np.int64]
+
+
+class ObjectsMixin(RawStorage):
+    """Snapshot objects over the raw primitives: the read path and its metadata cache."""
+
+    # State (set in BaseStorage.__init__).
+    # id -> (fingerprint, metadata, whether every bitmap was checked)
+    _cache: OrderedDict[str, tuple[Hashable, SnapshotMetadata, bool]]
+    _cache_size: int
+
+    @staticmethod
+    def _read_header(src: ObjectSource) -> ObjectHeader:
+        prefix = src.read(0, FIXED_HEADER_BYTES)
+        needed = header_bytes_needed(prefix, src.where)
+        data = prefix + src.read(len(prefix), needed - len(prefix))
+        header = read_header(data, src.where)
+        if src.size != header.total_bytes:
+            raise SnapshotCorruptError(
+                f"{src.where}: object is {src.size} bytes, its header says {header.total_bytes}"
+            )
+        return header
+
+    @staticmethod
+    def _read_entries(
+        src: ObjectSource, header: ObjectHeader, first: int, last: int
+    ) -> list[bytes]:
+        """Framed entries ``first..last`` (entry indexes, inclusive), read in one call."""
+        lengths = header.entry_lengths[first : last + 1]
+        blob = src.read(header.entry_offset(first), sum(lengths))
+        if len(blob) != sum(lengths):
+            raise SnapshotCorruptError(f"{src.where}: short read of entries {first}..{last}")
+        entries, pos = [], 0
+        for length in lengths:
+            entries.append(blob[pos : pos + length])
+            pos += length
+        return entries
+
+    def _metadata(
+        self, src: ObjectSource, header: ObjectHeader, check_bitmaps: bool = False
+    ) -> SnapshotMetadata:
+        """Decoded metadata, cached with whether its bitmaps were fully checked yet."""
+        with self._state_lock:
+            cached = self._cache.get(src.key)
+            if cached is not None and cached[0] != src.fingerprint:
+                cached = None
+            if cached is not None:
+                self._cache.move_to_end(src.key)
+                if cached[2] or not check_bitmaps:
+                    return cached[1]
+        if cached is not None:
+            metadata = cached[1]
+        else:
+            metadata = decode_metadata(
+                self._read_entries(src, header, 0, 0)[0], src.where, check_bitmaps=False
+            )
+            if metadata.num_segments != header.num_segments:
+                raise SnapshotCorruptError(
+                    f"{src.where}: {header.num_segments} segment entries, "
+                    f"metadata lists {metadata.num_segments}"
+                )
+        if check_bitmaps:
+            check_metadata_bitmaps(metadata, src.where)
+        if self._cache_size:
+            with self._state_lock:
+                self._cache[src.key] = (src.fingerprint, metadata, check_bitmaps)
+                self._cache.move_to_end(src.key)
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+        return metadata
+
+    def _forget(self, key: str) -> None:
+        with self._state_lock:
+            self._cache.pop(key, None)
+
+    # -- SnapshotStorage ----------------------------------------------------------------------
+
+    def create(self, metadata: SnapshotMetadata, segments: Sequence[Segment], key: str) -> str:
+        """See :meth:`SnapshotStorage.create`."""
+        validate_key(key, "snapshot key")
+        self._check_open()
+        data = encode_snapshot(metadata, segments)
+        self._retry("create", key, lambda n: self._raw_put(key, data, may_exist=n > 1))
+        return key
+
+    def get_metadata(self, snapshot_id: str, *, check_bitmaps: bool = True) -> SnapshotMetadata:
+        """See :meth:`SnapshotStorage.get_metadata`."""
+        validate_key(snapshot_id, "snapshot id")
+
+        def attempt(_: int) -> SnapshotMetadata:
+            with self._raw_source(snapshot_id) as src:
+                return self._metadata(src, self._read_header(src), check_bitmaps)
+
+        return self._retry("get_metadata", snapshot_id, attempt)
+
+    def _decoded_segments(self, snapshot_id: str, first: int, last: int) -> Sequence[Segment]:
+        validate_key(snapshot_id, "snapshot id")
+        _check_int(first, "first")
+        _check_int(last, "last")
+        if first < 1 or last < first:
+            raise ValueError(f"bad segment range {first}..{last} (1-based, inclusive)")
+
+        def attempt(_: int) -> Sequence[Segment]:
+            with self._raw_source(snapshot_id) as src:
+                header = self._read_header(src)
+                stop = min(last, header.num_segments)
+                if first > stop:
+                    return []
+                metadata = self._metadata(src, header)
+                entries = self._read_entries(src, header, first, stop)
+            return decode_segments(entries, metadata, first, src.where)
+
+        return self._retry("get_segments", snapshot_id, attempt)
+
+    def get_segments(self, snapshot_id: str, first: int, last: int) -> list[Segment]:
+        """See :meth:`SnapshotStorage.get_segments`."""
+        # The codec returns a lazy SegmentList; the protocol promises a plain list.
+        return list(self._decoded_segments(snapshot_id, first, last))
+
+    def get_segment_arrays(
+        self, snapshot_id: str, first: int, last: int
+    ) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """See :meth:`SnapshotStorage.get_segment_arrays`."""
+        decoded = self._decoded_segments(snapshot_id, first, last)
+        if isinstance(decoded, SegmentList):
+            return decoded.times, decoded.ledgers, decoded.entries
+        empty = np.empty(0, dtype=np.int64)
+        parts = list(decoded)
+        if not parts:
+            return empty, empty.copy(), empty.copy()
+        return (
+            np.concatenate([s.times for s in parts]),
+            np.concatenate([s.ledgers for s in parts]),
+            np.concatenate([s.entries for s in parts]),
+        )
+
+    def length(self, snapshot_id: str) -> int:
+        """See :meth:`SnapshotStorage.length`."""
+        validate_key(snapshot_id, "snapshot id")
+        return self._retry("length", snapshot_id, lambda _: self._raw_size(snapshot_id))
+
+    def delete(self, snapshot_id: str) -> None:
+        """See :meth:`SnapshotStorage.delete`."""
+        validate_key(snapshot_id, "snapshot id")
+        try:
+            self._retry("delete", snapshot_id, lambda _: self._raw_delete(snapshot_id))
+        finally:
+            self._forget(snapshot_id)
+
+    def list_objects(self) -> list[ObjectInfo]:
+        """See :meth:`SnapshotStorage.list_objects`."""
+        return sorted(self._retry("list_objects", "*", lambda _: self._raw_list()))
