@@ -63,7 +63,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from delayindex.clock import wall_clock_ms
 from delayindex.errors import (
@@ -78,7 +78,13 @@ from delayindex.storage._catalog_creates import CreatesMixin
 from delayindex.storage._catalog_deletes import DeletesMixin, RetryReport
 from delayindex.storage._catalog_quarantine import QuarantineMixin
 from delayindex.storage.base import LockHandle, SnapshotStorage
-from delayindex.storage.manifest import BucketRecord, Manifest, WriterStatus, validate_key
+from delayindex.storage.manifest import (
+    BucketRecord,
+    Manifest,
+    SubscriptionRecord,
+    WriterStatus,
+    validate_key,
+)
 from delayindex.storage.recovery import HistoryStorage, ManifestRecovery, recover_manifest
 
 _log = logging.getLogger(__name__)
@@ -149,8 +155,13 @@ class Catalog(CreatesMixin, BatchMixin, DeletesMixin, QuarantineMixin):
         self._mutex = threading.RLock()
         self._closed = False
         self._problems: deque[str] = deque(maxlen=100)
+        # The owner's acknowledgement state (mark, and a shared index's subscriptions): noted
+        # often, carried by the next commit; _mark_dirty while the stored manifest lacks it.
         self._mark_dirty = False
-        self._noted_mark: tuple[int, int] | None = manifest.mark_delete
+        self._noted: dict[str, Any] = {
+            "mark_delete": manifest.mark_delete,
+            "subscriptions": manifest.subscriptions,
+        }
         self._writer_status: WriterStatus | None = None
         self._stale = False  # a commit's outcome is unknown: re-read before the next change
         self.repair_report = RepairReport()
@@ -270,7 +281,7 @@ class Catalog(CreatesMixin, BatchMixin, DeletesMixin, QuarantineMixin):
 
     @property
     def mark_pending(self) -> bool:
-        """Whether a noted mark-delete position is not yet in the stored manifest."""
+        """Whether a noted mark-delete position (or subscription state) is not yet stored."""
         return self._mark_dirty
 
     @property
@@ -284,20 +295,38 @@ class Catalog(CreatesMixin, BatchMixin, DeletesMixin, QuarantineMixin):
         if not self._stale:
             return
         current = self._storage.read_manifest(self.name)
-        if self._mark_dirty and current.mark_delete != self._noted_mark:
-            current = replace(current, mark_delete=self._noted_mark)  # still to be persisted
+        if self._mark_dirty:
+            current = self._with_noted(current)  # still to be persisted
         self._manifest = current
         self._stale = False
 
     def note_mark_delete(self, mark: tuple[int, int] | None) -> None:
         """Record the owner's mark-delete position; it is persisted with the next commit (or
         :meth:`persist_mark_delete`), not at once: acknowledgements are frequent."""
+        self._note(mark_delete=mark)
+
+    def note_subscriptions(self, subscriptions: tuple[SubscriptionRecord, ...]) -> None:
+        """Record a shared index's subscriptions and their marks, persisted like the mark.
+
+        Raises:
+            ValueError, TypeError: not sorted by name, a name twice, or a bad record.
+        """
+        replace(self._manifest, subscriptions=subscriptions)  # validates before anything changes
+        self._note(subscriptions=subscriptions)
+
+    def _note(self, **state: Any) -> None:
         with self._mutex:
             self._check_open()
-            self._noted_mark = mark
-            if mark != self._manifest.mark_delete:
-                self._manifest = replace(self._manifest, mark_delete=mark)
+            self._noted.update(state)
+            if self._with_noted(self._manifest) != self._manifest:
+                self._manifest = self._with_noted(self._manifest)
                 self._mark_dirty = True
+
+    def _with_noted(self, manifest: Manifest) -> Manifest:
+        """``manifest`` carrying the noted acknowledgement state."""
+        if all(getattr(manifest, key) == value for key, value in self._noted.items()):
+            return manifest
+        return replace(manifest, **self._noted)
 
     def note_writer_status(self, status: WriterStatus | None) -> None:
         """Record what the writer holds only in memory; carried by every later commit (for
@@ -329,12 +358,12 @@ class Catalog(CreatesMixin, BatchMixin, DeletesMixin, QuarantineMixin):
             stored = self._storage.read_manifest(self.name)
             self._manifest = stored
             self._stale = False
-            if stored.mark_delete == self._noted_mark and (
+            if self._with_noted(stored) is stored and (
                 final_status is None or stored.writer_status == final_status
             ):
                 self._mark_dirty = False
                 return
-            self._commit(replace(stored, mark_delete=self._noted_mark))
+            self._commit(self._with_noted(stored))
 
     def close(self) -> None:
         """Release the name's lock. Idempotent; the catalog is unusable afterwards."""
@@ -402,8 +431,8 @@ class Catalog(CreatesMixin, BatchMixin, DeletesMixin, QuarantineMixin):
                 f"commit of manifest {self.name!r} failed and its outcome is unknown: {failure}",
                 changed,
             ) from failure
-        if self._mark_dirty and current.mark_delete != self._noted_mark:
-            current = replace(current, mark_delete=self._noted_mark)  # still to be persisted
+        if self._mark_dirty:
+            current = self._with_noted(current)  # still to be persisted
         self._manifest = current
         if current != replace(new, version=new.version + 1):
             raise failure

@@ -105,6 +105,7 @@ from delayindex.tracker._merge import MergeMixin
 from delayindex.tracker._persist import PersistMixin
 from delayindex.tracker._recovery import RecoveryMixin
 from delayindex.tracker._stats import StatsMixin, _OpStats
+from delayindex.tracker._topic import TopicMixin
 from delayindex.tracker.in_memory import _ClosedCore, _diagnose, as_int64_array
 
 _log = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ class DelayIndex(
     HousekeepingMixin,
     LoadingMixin,
     StatsMixin,
+    TopicMixin,
     TrackerFront,
 ):
     """Bucket-based delayed-message tracker (PIP-195) over a :class:`SnapshotStorage`.
@@ -459,15 +461,6 @@ class DelayIndex(
         out.sort()
         return out
 
-    def _poll_keys(self, max_messages: int) -> tuple[Int64Array, Int64Array, Int64Array]:
-        """:meth:`poll` as ``(times, ledgers, entries)`` arrays in selection order (for the
-        shared index, which hands that one order to every subscription)."""
-        parts = self._take_due(max_messages, self._core.poll_keys, lambda keys: len(keys[0]))
-        if len(parts) == 1:
-            return parts[0]  # type: ignore[no-any-return]
-        # A load only adds keys after the placeholder that asked for it: parts stay in order.
-        return tuple(np.concatenate(column) for column in zip(*parts, strict=True))  # type: ignore[return-value]
-
     def _take_due(
         self, max_messages: int, take: Callable[[int, int], Any], size: Callable[[Any], int]
     ) -> list[Any]:
@@ -530,12 +523,6 @@ class DelayIndex(
                 return out
             bm = self._core.index_bitmap(ledger_id, first_entry, last_entry)
         return out if bm is None else bm
-
-    def _count_upto(self, ledger: int, entry: int) -> int:
-        """How many tracked positions are ``<= (ledger, entry)``."""
-        with self._lock:
-            self._check_open()
-            return int(self._core.count_upto(ledger, entry))
 
     # -- durability ----------------------------------------------------------------------------
 

@@ -25,9 +25,11 @@ mark; every subscription reads at or after the log's start and at or before its 
 the topic index tracks is neither in the log nor in a private heap; skip sets name positions
 whose log copy a subscription has yet to read.
 
-Durability. Subscription marks are applied to the topic index, whose mark is persisted with its
-commits; after a restart every subscription's dispatcher replays from its own cursor and
-re-applies its mark (at-least-once, as for a :class:`DelayIndex`).
+Durability. The subscriptions and their marks are records in the topic index's manifest, carried
+by its commits (group commit) and by ``close``, like a DelayIndex's mark-delete position. After a
+restart each subscription starts at the head of the (empty) due log with its stored mark: it
+receives again what the topic index recovers above that mark, and its dispatcher's replay from
+its own cursor delivers what was due (at-least-once, as for a :class:`DelayIndex`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from delayindex.config import TrackerConfig
 from delayindex.errors import TrackerClosedError
 from delayindex.model import Position
 from delayindex.storage.base import SnapshotStorage
+from delayindex.storage.manifest import SubscriptionRecord
 from delayindex.timers import Timer
 from delayindex.tracker._duelog import DueLog, Int64Array
 from delayindex.tracker._front import as_count
@@ -121,7 +124,11 @@ class SharedDelayIndex:
             storage, name, config, clock=clock, timer=timer, on_ready=on_ready,
             executor=executor,
         )  # fmt: skip
-        return cls(topic, _OPEN_TOKEN)
+        shared = cls(topic, _OPEN_TOKEN)
+        for record in topic._stored_subscriptions():  # the subscriptions survive a restart
+            shared._subs[record.name] = _SubState(record.name, 0, record.mark_delete)
+            shared._views[record.name] = Subscription(shared, record.name)
+        return shared
 
     # -- subscriptions ---------------------------------------------------------------------------
 
@@ -145,8 +152,10 @@ class SharedDelayIndex:
             view = self._views.get(sub_name)
             if view is None:
                 mark = self._topic.mark_delete
+                SubscriptionRecord(sub_name, mark)  # validates the name first
                 self._subs[sub_name] = _SubState(sub_name, self._log.end, mark)
                 view = self._views[sub_name] = Subscription(self, sub_name)
+                self._note()
             return view
 
     def unsubscribe(self, sub_name: str) -> None:
@@ -161,6 +170,7 @@ class SharedDelayIndex:
             self._views.pop(sub_name)._detached = True
             for pos in state.private_positions():
                 self._unpin(pos)
+            self._note()
             self._after_progress()
 
     def subscriptions(self) -> list[str]:
@@ -397,6 +407,7 @@ class SharedDelayIndex:
             heapq.heapify(state.private)
             for _, led, ent in dropped:
                 self._unpin((led, ent))
+        self._note()
         self._after_progress()
 
     def _after_progress(self) -> None:
@@ -409,6 +420,12 @@ class SharedDelayIndex:
         current = self._topic.mark_delete
         if current is None or lowest > current:
             self._topic.set_mark_delete(*lowest)
+
+    def _note(self) -> None:
+        """Hand the subscription records to the topic index (persisted with its commits)."""
+        self._topic._note_subscriptions(
+            tuple(SubscriptionRecord(n, s.mark) for n, s in sorted(self._subs.items()))
+        )
 
     def _check_open(self) -> None:
         if self._closed:
@@ -444,6 +461,7 @@ class SharedDelayIndex:
             self._private_count.clear()
             for name in self._subs:
                 self._subs[name] = _SubState(name, self._log.end, None)
+            self._note()
 
     def close(self) -> None:
         """Close the topic index (idempotent); the subscriptions' views close with it.

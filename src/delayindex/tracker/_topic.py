@@ -1,0 +1,55 @@
+"""What a shared index needs from its topic index (a :class:`DelayIndex`).
+
+:class:`~delayindex.SharedDelayIndex` pops due keys with their times in selection order
+(``_poll_keys``), counts what a subscription has acknowledged above the topic's mark
+(``_count_upto``) and keeps its subscription records in the topic's manifest, carried by the
+topic's commits like the mark-delete position (``_note_subscriptions``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from delayindex.storage.catalog import Catalog
+from delayindex.storage.manifest import SubscriptionRecord
+from delayindex.tracker._bucket import Int64Array
+
+
+class TopicMixin:
+    """DelayIndex's members for a shared index (state lives on the DelayIndex)."""
+
+    _catalog: Catalog
+    _core: Any
+    _lock: threading.Lock
+    _check_open: Callable[[], None]
+    _take_due: Callable[..., list[Any]]
+
+    def _poll_keys(self, max_messages: int) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """:meth:`poll` as ``(times, ledgers, entries)`` arrays in selection order (for the
+        shared index, which hands that one order to every subscription)."""
+        parts = self._take_due(max_messages, self._core.poll_keys, lambda keys: len(keys[0]))
+        if len(parts) == 1:
+            return parts[0]  # type: ignore[no-any-return]
+        # A load only adds keys after the placeholder that asked for it: parts stay in order.
+        return tuple(np.concatenate(column) for column in zip(*parts, strict=True))  # type: ignore[return-value]
+
+    def _count_upto(self, ledger: int, entry: int) -> int:
+        """How many tracked positions are ``<= (ledger, entry)``."""
+        with self._lock:
+            self._check_open()
+            return int(self._core.count_upto(ledger, entry))
+
+    def _note_subscriptions(self, records: tuple[SubscriptionRecord, ...]) -> None:
+        """Carry a shared index's subscription records with the next commit (and close)."""
+        with self._lock:
+            self._check_open()
+            self._catalog.note_subscriptions(records)
+
+    def _stored_subscriptions(self) -> tuple[SubscriptionRecord, ...]:
+        """The subscription records the manifest held at open (or noted since)."""
+        with self._lock:
+            return self._catalog.manifest.subscriptions

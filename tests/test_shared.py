@@ -1,0 +1,163 @@
+"""SharedDelayIndex: lifecycle, durability and the per-subscription views (deterministic cases;
+the stateful test against K model trackers is tests/test_shared_stateful.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from delayindex import (
+    FileStorage,
+    ManualClock,
+    MemoryStorage,
+    Position,
+    SharedDelayIndex,
+    TrackerClosedError,
+    TrackerConfig,
+)
+from delayindex.executors import InlineExecutor
+
+T0 = 1_000_000
+TINY = TrackerConfig(
+    min_index_count_per_bucket=2,
+    max_indexes_per_segment=2,
+    max_time_step_per_segment_ms=50,
+    max_num_buckets=2,
+    tick_ms=10,
+)
+
+
+def _open(storage: object, clock: ManualClock) -> SharedDelayIndex:
+    return SharedDelayIndex.open(storage, "topic", TINY, clock=clock, executor=InlineExecutor())  # type: ignore[arg-type]
+
+
+def _fill(shared: SharedDelayIndex, ledgers: range, offset: int = 100) -> None:
+    for ledger in ledgers:
+        for entry in range(3):
+            assert shared.add(ledger, entry, T0 + offset + ledger * 10 + entry)
+
+
+def _pairs(positions: list[Position]) -> list[tuple[int, int]]:
+    return [(p.ledger_id, p.entry_id) for p in positions]
+
+
+def test_each_subscription_receives_every_position_once_in_selection_order() -> None:
+    clock = ManualClock(T0)
+    with _open(MemoryStorage(), clock) as shared:
+        a, b = shared.subscribe("a"), shared.subscribe("b")
+        _fill(shared, range(1, 8))
+        clock.advance(1000)
+        got_a = [p for _ in range(30) for p in a.poll(2)]
+        got_b = b.poll(1000)
+        assert sorted(got_a) == got_b and len(got_b) == 21
+        assert len(set(got_a)) == 21  # exactly once
+        shared._check()
+        assert len(shared) == 0 and shared.stats()["due_log"] == 0
+
+
+def test_a_mark_filters_only_its_own_subscription_and_the_topic_trims_at_the_lowest() -> None:
+    clock = ManualClock(T0)
+    with _open(MemoryStorage(), clock) as shared:
+        a, b = shared.subscribe("a"), shared.subscribe("b")
+        _fill(shared, range(1, 8))
+        shared.flush()
+        a.set_mark_delete(4, 2)
+        assert shared._topic.mark_delete is None  # b has acknowledged nothing
+        assert len(a) == 9 and len(b) == 21 and not a.contains(3, 0) and b.contains(3, 0)
+        b.set_mark_delete(2, 2)
+        assert shared._topic.mark_delete == (2, 2)  # the lowest subscription mark
+        clock.advance(1000)
+        assert _pairs(a.poll(100))[0] == (5, 0)
+        assert _pairs(b.poll(100))[0] == (3, 0)
+        shared._check()
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_subscriptions_and_marks_survive_a_reopen(kind: str, tmp_path: object) -> None:
+    clock = ManualClock(T0)
+    storage = MemoryStorage() if kind == "memory" else FileStorage(tmp_path)  # type: ignore[arg-type]
+    with _open(storage, clock) as shared:
+        a, b, c = (shared.subscribe(n) for n in "abc")
+        _fill(shared, range(1, 8), offset=10_000)
+        a.set_mark_delete(3, 2)
+        b.set_mark_delete(5, 0)
+        shared.unsubscribe("c")
+        with pytest.raises(TrackerClosedError):
+            c.poll(1)
+    with _open(storage, clock) as shared:
+        assert shared.subscriptions() == ["a", "b"]
+        a, b = shared.subscribe("a"), shared.subscribe("b")
+        assert a.mark_delete == (3, 2) and b.mark_delete == (5, 0)
+        assert shared._topic.mark_delete == (3, 2)
+        # The sealed buckets come back; each subscription receives what it had not acknowledged.
+        everything = [(led, ent) for led in range(1, 8) for ent in range(3)]
+        recovered = {p for p in everything if shared._topic.contains(*p)}
+        clock.advance(100_000)
+        assert set(_pairs(a.poll(100))) == {p for p in recovered if p > (3, 2)}
+        assert set(_pairs(b.poll(100))) == {p for p in recovered if p > (5, 0)}
+        assert recovered and all(p > (3, 2) for p in recovered)
+        shared._check()
+
+
+def test_unsubscribe_releases_what_only_it_held() -> None:
+    clock = ManualClock(T0)
+    with _open(MemoryStorage(), clock) as shared:
+        a = shared.subscribe("a")
+        shared.subscribe("b")
+        _fill(shared, range(1, 5))
+        clock.advance(1000)
+        assert len(a.poll(100)) == 12
+        assert shared.stats()["due_log"] == 12  # held for b
+        shared.unsubscribe("b")
+        assert shared.stats()["due_log"] == 0 and len(shared) == 0
+        with pytest.raises(KeyError):
+            shared.unsubscribe("b")
+        shared._check()
+
+
+def test_a_new_subscription_receives_what_the_topic_still_tracks() -> None:
+    clock = ManualClock(T0)
+    with _open(MemoryStorage(), clock) as shared:
+        a = shared.subscribe("a")
+        _fill(shared, range(1, 3))
+        _fill(shared, range(3, 5), offset=5000)
+        clock.advance(1000)
+        assert len(a.poll(100)) == 6
+        late = shared.subscribe("late")
+        assert len(late) == 6 and not late.contains(1, 0) and late.contains(3, 0)
+        clock.advance(10_000)
+        assert _pairs(late.poll(100)) == _pairs(a.poll(100))
+        shared._check()
+
+
+def test_clear_resets_every_subscription_and_survives_a_reopen() -> None:
+    clock = ManualClock(T0)
+    storage = MemoryStorage()
+    with _open(storage, clock) as shared:
+        a = shared.subscribe("a")
+        _fill(shared, range(1, 5), offset=10_000)
+        a.set_mark_delete(2, 0)
+        shared.clear()
+        assert len(a) == 0 and a.mark_delete is None
+        assert shared.add(1, 0, T0 + 50_000)  # the rewind: below the old mark, tracked again
+    with _open(storage, clock) as shared:
+        assert shared.subscribe("a").mark_delete is None
+
+
+def test_bad_names_and_closed_views() -> None:
+    clock = ManualClock(T0)
+    shared = _open(MemoryStorage(), clock)
+    with pytest.raises(TypeError):
+        shared.subscribe(5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        shared.subscribe("")
+    with pytest.raises(TypeError):
+        shared.subscribe("x" * 1000)
+    assert shared.subscriptions() == []  # nothing half-made
+    a = shared.subscribe("a")
+    shared.close()
+    assert len(a) == 0 and not a.contains(1, 1) and a.next_delivery_time() is None
+    with pytest.raises(TrackerClosedError):
+        a.poll(1)
+    with pytest.raises(TrackerClosedError):
+        shared.add(1, 1, T0 + 10)
+    shared.close()  # idempotent
