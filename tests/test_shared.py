@@ -3,6 +3,7 @@ the stateful test against K model trackers is tests/test_shared_stateful.py)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from delayindex import (
@@ -161,3 +162,33 @@ def test_bad_names_and_closed_views() -> None:
     with pytest.raises(TrackerClosedError):
         shared.add(1, 1, T0 + 10)
     shared.close()  # idempotent
+
+
+def test_a_stopped_subscription_spills_to_disk_instead_of_holding_memory() -> None:
+    clock = ManualClock(T0)
+    config = TINY.replace(due_log_memory_keys=100, min_index_count_per_bucket=500)
+    with SharedDelayIndex.open(
+        MemoryStorage(), "topic", config, clock=clock, executor=InlineExecutor()
+    ) as shared:
+        a, stopped = shared.subscribe("a"), shared.subscribe("stopped")
+        for ledger in range(1, 51):
+            times = T0 + 100 + (np.arange(100) * 7919 + ledger * 31) % 5000
+            shared.add_many(np.full(100, ledger), np.arange(100), times)
+        clock.advance(10_000)
+        got_a = [p for _ in range(60) for p in a.poll(100)]
+        assert len(got_a) == 5000 and len(a) == 0
+        stats = shared.stats()
+        assert stats["due_log"] == 5000 and stats["due_log_spilled"] >= 4800
+        assert len(shared._log.index) <= 200  # the in-memory part stays near the budget
+        # The stopped subscription still sees all of it, exactly.
+        assert len(stopped) == 5000 and len(shared) == 5000
+        assert stopped.contains(7, 42) and not a.contains(7, 42)
+        assert list(stopped.tracked_entries(7, 0, 99)) == list(range(100))
+        stopped.set_mark_delete(10, 99)  # acknowledges 1000 of them
+        assert len(stopped) == 4000 and not stopped.contains(7, 42)
+        shared._check()
+        # It catches up: everything once, in the same selection order as `a` received it.
+        got = [p for _ in range(50) for p in stopped.poll(100)]
+        assert sorted(got) == sorted(p for p in got_a if p > Position(10, 99))
+        assert shared.stats()["due_log"] == 0 and shared._log._spill is None  # files closed
+        shared._check()

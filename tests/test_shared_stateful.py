@@ -91,6 +91,7 @@ TINY = TrackerConfig(
     max_time_step_per_segment_ms=20,
     max_num_buckets=2,
     tick_ms=3,
+    due_log_memory_keys=3,  # almost every step spills due keys to disk and reads them back
 )
 
 subs = st.sampled_from(SUBS)

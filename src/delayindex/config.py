@@ -86,6 +86,9 @@ class TrackerConfig:
     #: First retry delay of a segment read that failed with a storage error (not damage); later
     #: retries of that bucket back off from it, while every other bucket keeps delivering.
     load_retry_delay_ms: int = 1000
+    #: Shared index: due keys kept in memory for the subscriptions that have yet to read them;
+    #: older ones (held for a slow or stopped subscription) spill to temporary files.
+    due_log_memory_keys: int = 65_536
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -110,6 +113,7 @@ class TrackerConfig:
         _at_least("group_commit_max_ops", self.group_commit_max_ops, 1)
         _at_least("group_commit_max_bytes", self.group_commit_max_bytes, 1)
         _at_least("group_commit_max_delay_ms", self.group_commit_max_delay_ms, 0)
+        _at_least("due_log_memory_keys", self.due_log_memory_keys, 1)
 
     def core_settings(self) -> CoreSettings:
         """The ``TrackerCore`` arguments: cutoff slack, strictness, fixed-delay lookahead."""

@@ -5,48 +5,98 @@ ledger_id, entry_id)`` selection order and appends them here as chunks of three 
 Every key gets a sequence number (``seq``), its place in that one global order; a subscription's
 progress is the ``seq`` of the next key it has not read. Chunks wholly before the slowest
 subscription's ``seq`` are dropped (:meth:`DueLog.trim`), so the log holds only the keys some
-subscription still has to read. ``index`` maps each position in the log to its (latest) ``seq``,
-so that ``contains``, ``tracked_entries`` and a re-add of a position still in the log find it
-without a scan.
+subscription still has to read. ``index`` maps each position of an in-memory chunk to its
+``seq``, so that ``contains`` and a re-add find it without a scan.
+
+Spill. A slow or stopped subscription must not hold the topic's memory: once the in-memory
+chunks hold more than ``memory_keys`` keys, the oldest are written to anonymous temporary files
+(deleted by the OS even after a crash, so they can never become garbage) and leave memory; only a
+compact bitmap of their positions (``spilled``, one bit per entry in dense ledgers) stays, and
+their columns are read back when a subscription reaches them. The spill files together hold what
+the slowest reader has not read (a file goes once every reader is past it).
 
 Invariants (:meth:`DueLog._check`): chunks are contiguous (each starts where the previous one
-ends), non-empty, and their keys in selection order; ``start <= end``; ``index`` holds exactly
-the positions of the kept chunks, each at its latest ``seq``.
+ends), non-empty and in selection order, spilled ones before in-memory ones; ``start <= end``;
+``index`` holds exactly the positions of the in-memory chunks and ``spilled`` those of the
+spilled ones (a position is in the log at most once).
 """
 
 from __future__ import annotations
 
 import bisect
+import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import IO, Any
 
 import numpy as np
 import numpy.typing as npt
 
+from delayindex import _impl
+
 Int64Array = npt.NDArray[np.int64]
+_EMPTY: Int64Array = np.empty(0, dtype=np.int64)
+#: A spill file takes chunks until it holds this many keys (24 bytes each).
+SPILL_FILE_KEYS = 1 << 20
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Chunk:
     base: int  # seq of the first key
-    times: Int64Array
-    ledgers: Int64Array
-    entries: Int64Array
+    size: int
+    columns: tuple[Int64Array, Int64Array, Int64Array] | None  # None: spilled
+    spill: _SpillFile | None = None
+    offset: int = 0  # byte offset in the spill file
 
     @property
     def end(self) -> int:
-        return self.base + len(self.times)
+        return self.base + self.size
+
+
+class _SpillFile:
+    """An anonymous temporary file of spilled chunks (closed, hence gone, once all are read)."""
+
+    def __init__(self, directory: str | None) -> None:
+        # Closed (so deleted) in DueLog.trim; an unlinked file cannot outlive a crash.
+        self.file: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115
+            prefix="delayindex-duelog-", dir=directory
+        )
+        self.keys = 0
+        self.live_chunks = 0
+
+    def write(self, columns: tuple[Int64Array, Int64Array, Int64Array]) -> int:
+        offset = self.keys * 24
+        data = b"".join(np.ascontiguousarray(c, dtype="<i8").tobytes() for c in columns)
+        os.pwrite(self.file.fileno(), data, offset)
+        self.keys += len(columns[0])
+        self.live_chunks += 1
+        return offset
+
+    def read(self, offset: int, size: int) -> tuple[Int64Array, Int64Array, Int64Array]:
+        data = os.pread(self.file.fileno(), size * 24, offset)
+        if len(data) != size * 24:
+            raise OSError(f"due-log spill file: short read ({len(data)} of {size * 24} bytes)")
+        table = np.frombuffer(data, dtype="<i8").astype(np.int64).reshape(3, size)
+        return table[0], table[1], table[2]
 
 
 class DueLog:
     """Chunks of due keys with global sequence numbers (see the module docs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, memory_keys: int = 65_536, spill_dir: str | None = None) -> None:
+        self.memory_keys = memory_keys
+        self._spill_dir = spill_dir
         self._chunks: list[_Chunk] = []
         self._bases: list[int] = []  # chunk bases, for bisect
         self._start = 0  # seq of the oldest kept key
         self._end = 0  # seq the next appended key gets
+        self._in_memory = 0  # keys of in-memory chunks
+        self._first_memory = 0  # index of the first in-memory chunk
+        self._spill: _SpillFile | None = None  # the file new spills go to
+        self._cache: tuple[int, tuple[Int64Array, Int64Array, Int64Array]] | None = None
         self.index: dict[tuple[int, int], int] = {}
+        self.spilled: Any = _impl.LedgerIndex()
 
     @property
     def start(self) -> int:
@@ -58,19 +108,33 @@ class DueLog:
         """The ``seq`` the next appended key gets (one past the newest)."""
         return self._end
 
+    @property
+    def spill_start(self) -> int:
+        """The ``seq`` of the first in-memory key (keys before it are spilled)."""
+        if self._first_memory < len(self._chunks):
+            return self._chunks[self._first_memory].base
+        return self._end
+
     def __len__(self) -> int:
         return self._end - self._start
 
     @property
+    def spilled_keys(self) -> int:
+        """Keys kept in spill files."""
+        return self.spill_start - self._start
+
+    @property
     def nbytes(self) -> int:
-        """Bytes held by the columns and the position index (an estimate for the index)."""
-        return sum(c.times.nbytes * 3 for c in self._chunks) + 120 * len(self.index)
+        """Resident bytes: in-memory columns, the position index (estimated) and the bitmap."""
+        return self._in_memory * 24 + 120 * len(self.index) + int(self.spilled.memory_bytes())
+
+    # -- writing ---------------------------------------------------------------------------------
 
     def append(self, times: Int64Array, ledgers: Int64Array, entries: Int64Array) -> None:
         """Append keys popped from the topic index (already in selection order)."""
         if not len(times):
             return
-        chunk = _Chunk(self._end, times, ledgers, entries)
+        chunk = _Chunk(self._end, len(times), (times, ledgers, entries))
         self._chunks.append(chunk)
         self._bases.append(chunk.base)
         self.index.update(
@@ -78,76 +142,174 @@ class DueLog:
                 range(chunk.base, chunk.end), strict=True)
         )  # fmt: skip
         self._end = chunk.end
+        self._in_memory += chunk.size
+        while self._in_memory > self.memory_keys and self._first_memory < len(self._chunks) - 1:
+            self._spill_oldest()
+
+    def _spill_oldest(self) -> None:
+        chunk = self._chunks[self._first_memory]
+        assert chunk.columns is not None
+        if self._spill is None or self._spill.keys >= SPILL_FILE_KEYS:
+            self._spill = _SpillFile(self._spill_dir)
+        chunk.offset = self._spill.write(chunk.columns)
+        chunk.spill = self._spill
+        _, ledgers, entries = chunk.columns
+        for pos in zip(ledgers.tolist(), entries.tolist(), strict=True):
+            del self.index[pos]
+            self.spilled.add(*pos)
+        chunk.columns = None
+        self._in_memory -= chunk.size
+        self._first_memory += 1
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def _columns(self, i: int) -> tuple[Int64Array, Int64Array, Int64Array]:
+        chunk = self._chunks[i]
+        if chunk.columns is not None:
+            return chunk.columns
+        if self._cache is not None and self._cache[0] == chunk.base:
+            return self._cache[1]
+        assert chunk.spill is not None
+        columns = chunk.spill.read(chunk.offset, chunk.size)
+        self._cache = (chunk.base, columns)
+        return columns
+
+    def _chunk_at(self, seq: int) -> int:
+        return bisect.bisect_right(self._bases, seq) - 1
 
     def slice(self, seq: int, limit: int) -> tuple[int, Int64Array, Int64Array, Int64Array]:
         """Up to ``limit`` keys from ``seq`` on, within one chunk: ``(seq, times, ledgers,
         entries)``; empty columns at the end of the log."""
+        seq = max(seq, self._start)
         if seq >= self._end or limit <= 0:
-            empty = np.empty(0, dtype=np.int64)
-            return seq, empty, empty, empty
-        chunk = self._chunks[bisect.bisect_right(self._bases, seq) - 1]
-        lo = seq - chunk.base
-        hi = min(lo + limit, len(chunk.times))
-        return seq, chunk.times[lo:hi], chunk.ledgers[lo:hi], chunk.entries[lo:hi]
+            return seq, _EMPTY, _EMPTY, _EMPTY
+        i = self._chunk_at(seq)
+        times, ledgers, entries = self._columns(i)
+        lo = seq - self._chunks[i].base
+        hi = min(lo + limit, self._chunks[i].size)
+        return seq, times[lo:hi], ledgers[lo:hi], entries[lo:hi]
 
     def key_at(self, seq: int) -> tuple[int, int, int]:
         """The ``(time, ledger, entry)`` key at ``seq`` (which must be kept)."""
-        chunk = self._chunks[bisect.bisect_right(self._bases, seq) - 1]
-        i = seq - chunk.base
-        return int(chunk.times[i]), int(chunk.ledgers[i]), int(chunk.entries[i])
+        _, times, ledgers, entries = self.slice(seq, 1)
+        return int(times[0]), int(ledgers[0]), int(entries[0])
 
-    def keys_from(self, seq: int) -> Iterator[tuple[int, tuple[int, int, int]]]:
-        """``(seq, key)`` for every kept key from ``seq`` on (for scans off the hot path)."""
+    def columns_from(self, seq: int) -> Iterator[tuple[int, Int64Array, Int64Array, Int64Array]]:
+        """``(seq, times, ledgers, entries)`` per chunk from ``seq`` on (for vectorized scans)."""
         seq = max(seq, self._start)
         while seq < self._end:
-            _, times, ledgers, entries = self.slice(seq, self._end - seq)
-            for t, led, ent in zip(times.tolist(), ledgers.tolist(), entries.tolist(),
-                                   strict=True):  # fmt: skip
-                yield seq, (t, led, ent)
-                seq += 1
+            part = self.slice(seq, self._end - seq)
+            yield part
+            seq += len(part[1])
+
+    def keys_from(self, seq: int) -> Iterator[tuple[int, tuple[int, int, int]]]:
+        """``(seq, key)`` for every kept key from ``seq`` on (stop early: spilled chunks are read
+        as they are reached)."""
+        for base, times, ledgers, entries in self.columns_from(seq):
+            keys = zip(times.tolist(), ledgers.tolist(), entries.tolist(), strict=True)
+            for offset, key in enumerate(keys):
+                yield base + offset, key
+
+    def holds(self, pos: tuple[int, int]) -> bool:
+        """Whether ``pos`` is in the log (in memory or spilled); False for a bad position (the
+        caller's validation reports it)."""
+        if pos in self.index:
+            return True
+        try:
+            return bool(self.spilled.contains(*pos))
+        except (OverflowError, TypeError, ValueError):
+            return False
+
+    def seq_of(self, pos: tuple[int, int]) -> int | None:
+        """The ``seq`` of ``pos`` in the log, or None (a spilled one is searched on disk)."""
+        seq = self.index.get(pos)
+        if seq is not None or not self.spilled.contains(*pos):
+            return seq
+        for base, _, ledgers, entries in self.columns_from(self._start):
+            if base >= self.spill_start:
+                break
+            hits = np.flatnonzero((ledgers == pos[0]) & (entries == pos[1]))
+            if len(hits):
+                return base + int(hits[0])
+        raise AssertionError(f"{pos} is in the spill bitmap but in no spilled chunk")
+
+    def pending_from(self, pos: tuple[int, int], seq: int) -> bool:
+        """Whether ``pos`` is in the log at ``seq`` or later."""
+        found = self.index.get(pos)
+        if found is not None:
+            return found >= seq
+        if not self.spilled.contains(*pos):
+            return False
+        return seq <= self._start or (self.seq_of(pos) or -1) >= seq
 
     def ledgers(self) -> set[int]:
         """The distinct ledgers of the kept keys."""
-        out: set[int] = set()
-        for chunk in self._chunks:
-            out.update(np.unique(chunk.ledgers).tolist())
+        out: set[int] = set(self.spilled.ledgers())
+        out.update(led for led, _ in self.index)
         return out
+
+    # -- dropping --------------------------------------------------------------------------------
 
     def trim(self, upto: int) -> None:
         """Drop the chunks wholly before ``upto`` (the slowest reader's ``seq``)."""
         drop = 0
         while drop < len(self._chunks) and self._chunks[drop].end <= upto:
             chunk = self._chunks[drop]
-            for pos in zip(chunk.ledgers.tolist(), chunk.entries.tolist(), strict=True):
-                seq = self.index.get(pos)
-                if seq is not None and seq < chunk.end:
+            _, ledgers, entries = self._columns(drop)
+            pairs = zip(ledgers.tolist(), entries.tolist(), strict=True)
+            if chunk.columns is not None:
+                for pos in pairs:
                     del self.index[pos]
+                self._in_memory -= chunk.size
+            else:
+                for led, ent in pairs:
+                    self.spilled.discard(led, ent)
+                assert chunk.spill is not None
+                chunk.spill.live_chunks -= 1
+                if chunk.spill.live_chunks == 0 and chunk.spill is not self._spill:
+                    chunk.spill.file.close()  # every chunk in it is read: the file goes
             drop += 1
         if drop:
             del self._chunks[:drop]
             del self._bases[:drop]
+            self._first_memory = max(self._first_memory - drop, 0)
+            self._cache = None
         self._start = self._chunks[0].base if self._chunks else self._end
+        if not self._chunks and self._spill is not None:
+            self._spill.file.close()
+            self._spill = None
 
     def clear(self) -> None:
         """Forget every key (sequence numbers keep counting, so readers stay ordered)."""
-        self._chunks.clear()
-        self._bases.clear()
-        self.index.clear()
-        self._start = self._end
+        self.trim(self._end)
+
+    def close(self) -> None:
+        """Drop everything and close the spill files."""
+        self.clear()
 
     def _check(self) -> None:
         """Assert the invariants in the module docs."""
         assert self._start <= self._end
         expected = self._start
-        latest: dict[tuple[int, int], int] = {}
+        in_memory: dict[tuple[int, int], int] = {}
+        spilled: set[tuple[int, int]] = set()
         previous: tuple[int, int, int] | None = None
-        for chunk, base in zip(self._chunks, self._bases, strict=True):
-            assert chunk.base == base == expected and len(chunk.times) > 0
-            for i, key in enumerate(zip(chunk.times.tolist(), chunk.ledgers.tolist(),
-                                        chunk.entries.tolist(), strict=True)):  # fmt: skip
+        for i, (chunk, base) in enumerate(zip(self._chunks, self._bases, strict=True)):
+            assert chunk.base == base == expected and chunk.size > 0
+            assert (chunk.columns is None) == (i < self._first_memory), "spilled after in-memory"
+            times, ledgers, entries = self._columns(i)
+            keys = zip(times.tolist(), ledgers.tolist(), entries.tolist(), strict=True)
+            for offset, key in enumerate(keys):
                 assert previous is None or previous < key, "keys out of selection order"
                 previous = key
-                latest[key[1], key[2]] = chunk.base + i
+                if chunk.columns is None:
+                    spilled.add((key[1], key[2]))
+                else:
+                    in_memory[key[1], key[2]] = chunk.base + offset
             expected = chunk.end
         assert expected == self._end
-        assert latest == self.index, "position index out of step with the chunks"
+        assert in_memory == self.index, "position index out of step with the chunks"
+        assert len(in_memory) + len(spilled) == len(self), "a position is in the log twice"
+        assert len(self.spilled) == len(spilled)
+        assert all(self.spilled.contains(*pos) for pos in spilled)
+        assert self._in_memory == len(in_memory)

@@ -93,7 +93,7 @@ class SharedDelayIndex:
         if _token is not _OPEN_TOKEN:
             raise TypeError("use SharedDelayIndex.open(storage, name, ...)")
         self._topic = topic
-        self._log = DueLog()
+        self._log = DueLog(topic._config.due_log_memory_keys)
         self._subs: dict[str, _SubState] = {}
         self._views: dict[str, Subscription] = {}
         self._private_count: dict[tuple[int, int], int] = {}
@@ -189,7 +189,7 @@ class SharedDelayIndex:
         with self._lock:
             self._check_open()
             pos = (ledger_id, entry_id)
-            if self._held(pos):
+            if (len(self._log) or self._private_count) and self._held(pos):
                 return self._readd(pos, deliver_at)
             return self._topic.add(ledger_id, entry_id, deliver_at)
 
@@ -202,7 +202,7 @@ class SharedDelayIndex:
         """:meth:`add` for each element (as :meth:`DelayIndex.add_many`)."""
         with self._lock:
             self._check_open()
-            if not self._log.index and not self._private_count:
+            if not len(self._log) and not self._private_count:
                 return self._topic.add_many(ledger_ids, entry_ids, deliver_ats)
             ledgers = as_int64_array(ledger_ids, "ledger_ids")
             entries = as_int64_array(entry_ids, "entry_ids")
@@ -225,7 +225,7 @@ class SharedDelayIndex:
 
     def _held(self, pos: tuple[int, int]) -> bool:
         """Whether the log or a subscription's private heap holds ``pos``."""
-        return pos in self._log.index or pos in self._private_count
+        return self._log.holds(pos) or pos in self._private_count
 
     def _readd(self, pos: tuple[int, int], deliver_at: int) -> bool:
         """A re-add of a held position: each subscription's own tracker's outcome."""
@@ -235,7 +235,7 @@ class SharedDelayIndex:
             return True  # acknowledged by every subscription: refused
         now = self._topic._now()
         tracked = deliver_at >= 0 and deliver_at > self._topic._core.cutoff_for(now)
-        seq = self._log.index.get(pos)
+        seq = self._log.seq_of(pos)
         for state in self._subs.values():
             if state.acked(*pos):
                 continue
@@ -344,23 +344,26 @@ class SharedDelayIndex:
             times.append(topic_next)
         return min(times) if times else None
 
-    def _log_pending(self, state: _SubState) -> set[tuple[int, int]]:
-        """Positions the log still holds for ``state`` (off the hot path)."""
-        return {
-            (ledger, entry)
-            for seq, (_, ledger, entry) in self._log.keys_from(state.seq)
-            if not state.acked(ledger, entry)
-            and (ledger, entry) not in state.skip
-            and self._log.index.get((ledger, entry)) == seq
-        }
+    def _log_pending_count(self, state: _SubState) -> int:
+        """How many log keys ``state`` still has to read (vectorized; spilled chunks are read)."""
+        total = 0
+        for _, _, ledgers, entries in self._log.columns_from(state.seq):
+            total += int(np.count_nonzero(self._unacked(state, ledgers, entries)))
+        return total - len(state.skip)  # skipped keys are pending and unacknowledged
+
+    def _pending_any(self, pos: tuple[int, int]) -> bool:
+        """Whether some subscription still has to read ``pos`` from the log."""
+        return any(
+            not s.acked(*pos) and pos not in s.skip and self._log.pending_from(pos, s.seq)
+            for s in self._subs.values()
+        )
 
     def _contains(self, state: _SubState, ledger: int, entry: int) -> bool:
         _diagnose(ledger_id=ledger, entry_id=entry)
         pos = (ledger, entry)
         if state.acked(ledger, entry):
             return False
-        seq = self._log.index.get(pos)
-        if seq is not None and seq >= state.seq and pos not in state.skip:
+        if pos not in state.skip and self._log.pending_from(pos, state.seq):
             return True
         if pos in self._private_count and any((k[1], k[2]) == pos for k in state.private):
             return True
@@ -368,8 +371,7 @@ class SharedDelayIndex:
 
     def _count(self, state: _SubState) -> int:
         topic_part = len(self._topic) - self._topic_acked_by(state)
-        private = state.private_positions()
-        return topic_part + len(self._log_pending(state) | private)
+        return topic_part + self._log_pending_count(state) + len(state.private)
 
     def _topic_acked_by(self, state: _SubState) -> int:
         """Positions the topic index tracks that ``state`` has acknowledged (above the topic's
@@ -382,9 +384,18 @@ class SharedDelayIndex:
         self, state: _SubState, ledger: int, first: int, last: int
     ) -> BitMap:
         out = BitMap(self._topic.tracked_entries(ledger, first, last))
-        for seq, (_, led, ent) in self._log.keys_from(state.seq):
-            if led == ledger and first <= ent <= last and _pos_pending(self, state, seq, led, ent):
-                out.add(ent)
+        seq = state.seq
+        if seq <= self._log.start and self._log.spilled_keys:
+            # The slowest reader has every spilled key still to read: the bitmap says which.
+            out |= BitMap(self._log.spilled.bitmap(ledger, first, last))
+            seq = self._log.spill_start
+        for _, _, ledgers, entries in self._log.columns_from(seq):
+            hit = (ledgers == ledger) & (entries >= first) & (entries <= last)
+            if hit.any():
+                out.update(entries[hit].tolist())
+        for led, ent in state.skip:
+            if led == ledger:
+                out.discard(ent)
         for _, led, ent in state.private:
             if led == ledger and first <= ent <= last:
                 out.add(ent)
@@ -438,10 +449,25 @@ class SharedDelayIndex:
         with self._lock:
             if self._closed:
                 return 0
-            held: set[tuple[int, int]] = set()
-            for state in self._subs.values():
-                held |= self._log_pending(state) | state.private_positions()
-            return len(self._topic) + len(held)
+            states = list(self._subs.values())
+            if not states:
+                return len(self._topic)
+            total = 0
+            low = min(s.seq for s in states)
+            for base, _, ledgers, entries in self._log.columns_from(low):
+                seqs = np.arange(base, base + len(ledgers))
+                anyone = np.zeros(len(ledgers), dtype=np.bool_)
+                for s in states:
+                    anyone |= (seqs >= s.seq) & self._unacked(s, ledgers, entries)
+                total += int(np.count_nonzero(anyone))
+            # Skips and private copies are few: settle them one by one.
+            for pos in set().union(*(s.skip for s in states)):
+                counted = any(not s.acked(*pos) and self._log.pending_from(pos, s.seq)
+                              for s in states)  # fmt: skip
+                total -= counted and not self._pending_any(pos)
+            private = set().union(*(s.private_positions() for s in states))
+            total += sum(1 for pos in private if not self._pending_any(pos))
+            return len(self._topic) + total
 
     def flush(self) -> None:
         """Block until every background write started so far has finished (as DelayIndex)."""
@@ -473,7 +499,7 @@ class SharedDelayIndex:
             if self._closed:
                 return
             self._closed = True
-            self._log.clear()
+            self._log.close()
         self._topic.close()
 
     @property
@@ -508,6 +534,7 @@ class SharedDelayIndex:
                 for name, state in sorted(self._subs.items())
             }
             out["due_log"] = len(self._log)
+            out["due_log_spilled"] = self._log.spilled_keys
             out["due_log_bytes"] = self._log.nbytes
             return out
 
@@ -542,24 +569,13 @@ class SharedDelayIndex:
             for state in states:
                 assert self._log.start <= state.seq <= self._log.end
                 for pos in state.skip:
-                    seq = self._log.index.get(pos)
-                    assert seq is not None and seq >= state.seq, f"stale skip {pos}"
+                    assert self._log.pending_from(pos, state.seq), f"stale skip {pos}"
                 for _, led, ent in state.private:
                     pinned[led, ent] = pinned.get((led, ent), 0) + 1
             assert pinned == self._private_count
-            for pos in [*self._log.index, *pinned]:
+            held = [(led, ent) for _, (_, led, ent) in self._log.keys_from(self._log.start)]
+            for pos in [*held, *pinned]:
                 assert not self._topic.contains(*pos), f"{pos} both held and in the topic"
-
-
-def _pos_pending(
-    shared: SharedDelayIndex, state: _SubState, seq: int, ledger: int, entry: int
-) -> bool:
-    """Whether the log key at ``seq`` is still to be received by ``state``."""
-    return (
-        not state.acked(ledger, entry)
-        and (ledger, entry) not in state.skip
-        and shared._log.index.get((ledger, entry)) == seq
-    )
 
 
 class Subscription:
