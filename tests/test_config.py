@@ -26,6 +26,7 @@ DEFAULTS = {
     "group_commit_max_bytes": 4 * 1024 * 1024,
     "group_commit_max_delay_ms": 1,
     "load_retry_delay_ms": 1000,
+    "due_log_memory_keys": 65_536,
 }
 BOOL_FIELDS = ("strict", "pause_on_unpersisted")
 INT_FIELDS = tuple(name for name in DEFAULTS if name not in BOOL_FIELDS)
@@ -102,6 +103,7 @@ def test_no_new_attributes() -> None:
         ("group_commit_max_bytes", 1),
         ("group_commit_max_delay_ms", 0),
         ("load_retry_delay_ms", 0),
+        ("due_log_memory_keys", 1),
     ],
 )
 def test_valid_edge_values_are_accepted(field: str, value: object) -> None:
@@ -138,6 +140,7 @@ def test_valid_edge_values_are_accepted(field: str, value: object) -> None:
         ("group_commit_max_bytes", 0),
         ("group_commit_max_delay_ms", -1),
         ("load_retry_delay_ms", -1),
+        ("due_log_memory_keys", 0),
     ],
 )
 def test_invalid_values_raise_value_error_naming_the_field(field: str, value: int) -> None:
