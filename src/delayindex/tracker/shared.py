@@ -99,6 +99,7 @@ class SharedDelayIndex:
         self._private_count: dict[tuple[int, int], int] = {}
         self._lock = threading.RLock()
         self._closed = False
+        self._last_batch: tuple[int, list[Position]] | None = None
 
     @classmethod
     def open(
@@ -269,8 +270,7 @@ class SharedDelayIndex:
         return len(times) > 0
 
     def _poll(self, state: _SubState, max_messages: int) -> list[Position]:
-        ledgers_out: list[Int64Array] = []
-        entries_out: list[Int64Array] = []
+        parts: list[list[Position]] = []
         got = 0
         cutoff = self._topic._core.cutoff_for(self._topic._now())
         while got < max_messages:
@@ -281,8 +281,7 @@ class SharedDelayIndex:
                 if state.seq >= self._log.end or head < self._log.key_at(state.seq):
                     heapq.heappop(state.private)
                     self._unpin((head[1], head[2]))
-                    ledgers_out.append(np.array([head[1]], dtype=np.int64))
-                    entries_out.append(np.array([head[2]], dtype=np.int64))
+                    parts.append([Position(head[1], head[2])])
                     got += 1
                     continue
                 limit = 1  # the private key may come next: one log key at a time
@@ -300,18 +299,28 @@ class SharedDelayIndex:
                         state.skip.discard(pos)
                         keep[i] = False
             n = int(np.count_nonzero(keep))
-            if n:
-                ledgers_out.append(ledgers[keep])
-                entries_out.append(entries[keep])
-                got += n
+            if n == len(keep):
+                parts.append(self._batch(seq, ledgers, entries))
+            elif n:
+                parts.append(_positions(ledgers[keep], entries[keep]))
+            got += n
         state.received += got
         self._after_progress()
-        if not got:
-            return []
-        ledgers_all = np.concatenate(ledgers_out)
-        entries_all = np.concatenate(entries_out)
-        order = np.lexsort((entries_all, ledgers_all))
-        return list(map(Position, ledgers_all[order].tolist(), entries_all[order].tolist()))
+        if len(parts) == 1:
+            return list(parts[0])  # a copy: the batch may be shared with other subscriptions
+        out = [pos for part in parts for pos in part]
+        out.sort()
+        return out
+
+    def _batch(self, seq: int, ledgers: Int64Array, entries: Int64Array) -> list[Position]:
+        """The sorted positions of the whole log slice at ``seq``, built once for the
+        subscriptions that read the same slice (the common case: equal poll sizes)."""
+        cached = self._last_batch
+        if cached is not None and cached[0] == seq and len(cached[1]) == len(ledgers):
+            return cached[1]
+        positions = _positions(ledgers, entries)
+        self._last_batch = (seq, positions)
+        return positions
 
     @staticmethod
     def _unacked(
@@ -576,6 +585,12 @@ class SharedDelayIndex:
             held = [(led, ent) for _, (_, led, ent) in self._log.keys_from(self._log.start)]
             for pos in [*held, *pinned]:
                 assert not self._topic.contains(*pos), f"{pos} both held and in the topic"
+
+
+def _positions(ledgers: Int64Array, entries: Int64Array) -> list[Position]:
+    """``Position`` s of the columns, sorted by position."""
+    order = np.lexsort((entries, ledgers))
+    return list(map(Position, ledgers[order].tolist(), entries[order].tolist()))
 
 
 class Subscription:
