@@ -26,7 +26,7 @@ DEFAULTS = {
     "group_commit_max_bytes": 4 * 1024 * 1024,
     "group_commit_max_delay_ms": 1,
     "load_retry_delay_ms": 1000,
-    "due_log_memory_keys": 65_536,
+    "due_log_memory_keys": 16_384,
 }
 BOOL_FIELDS = ("strict", "pause_on_unpersisted")
 INT_FIELDS = tuple(name for name in DEFAULTS if name not in BOOL_FIELDS)

@@ -88,7 +88,7 @@ class TrackerConfig:
     load_retry_delay_ms: int = 1000
     #: Shared index: due keys kept in memory for the subscriptions that have yet to read them;
     #: older ones (held for a slow or stopped subscription) spill to temporary files.
-    due_log_memory_keys: int = 65_536
+    due_log_memory_keys: int = 16_384
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

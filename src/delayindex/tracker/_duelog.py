@@ -84,7 +84,7 @@ class _SpillFile:
 class DueLog:
     """Chunks of due keys with global sequence numbers (see the module docs)."""
 
-    def __init__(self, memory_keys: int = 65_536, spill_dir: str | None = None) -> None:
+    def __init__(self, memory_keys: int = 16_384, spill_dir: str | None = None) -> None:
         self.memory_keys = memory_keys
         self._spill_dir = spill_dir
         self._chunks: list[_Chunk] = []
@@ -97,6 +97,8 @@ class DueLog:
         self._cache: tuple[int, tuple[Int64Array, Int64Array, Int64Array]] | None = None
         self.index: dict[tuple[int, int], int] = {}
         self.spilled: Any = _impl.LedgerIndex()
+        #: No kept key has a larger ledger (a bound: it does not shrink when keys go).
+        self.max_ledger = -1
 
     @property
     def start(self) -> int:
@@ -135,6 +137,7 @@ class DueLog:
         if not len(times):
             return
         chunk = _Chunk(self._end, len(times), (times, ledgers, entries))
+        self.max_ledger = max(self.max_ledger, int(ledgers.max()))
         self._chunks.append(chunk)
         self._bases.append(chunk.base)
         self.index.update(

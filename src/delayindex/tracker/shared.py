@@ -189,9 +189,8 @@ class SharedDelayIndex:
         """
         with self._lock:
             self._check_open()
-            pos = (ledger_id, entry_id)
-            if (len(self._log) or self._private_count) and self._held(pos):
-                return self._readd(pos, deliver_at)
+            if self._maybe_held(ledger_id) and self._held((ledger_id, entry_id)):
+                return self._readd((ledger_id, entry_id), deliver_at)
             return self._topic.add(ledger_id, entry_id, deliver_at)
 
     def add_many(
@@ -210,6 +209,8 @@ class SharedDelayIndex:
             times = as_int64_array(deliver_ats, "deliver_ats")
             if not len(ledgers) == len(entries) == len(times):
                 raise ValueError("ledger_ids, entry_ids and deliver_ats differ in length")
+            if not len(ledgers) or int(ledgers.min()) > self._held_max_ledger():
+                return self._topic.add_many(ledgers, entries, times)  # the usual: newer ledgers
             held_ledgers = self._log.ledgers() | {led for led, _ in self._private_count}
             rows = np.flatnonzero(np.isin(ledgers, np.fromiter(held_ledgers, np.int64)))
             held = [int(i) for i in rows if self._held((int(ledgers[i]), int(entries[i])))]
@@ -223,6 +224,20 @@ class SharedDelayIndex:
             for i in held:
                 out[i] = self._readd((int(ledgers[i]), int(entries[i])), int(times[i]))
             return out
+
+    def _held_max_ledger(self) -> int:
+        """No held position has a larger ledger (-1: nothing held)."""
+        private = max((led for led, _ in self._private_count), default=-1)
+        return max(self._log.max_ledger if len(self._log) else -1, private)
+
+    def _maybe_held(self, ledger_id: object) -> bool:
+        """Cheap pre-check for :meth:`add`: a ledger newer than every held one is not held."""
+        if not len(self._log) and not self._private_count:
+            return False
+        try:
+            return bool(ledger_id <= self._held_max_ledger())  # type: ignore[operator]
+        except TypeError:
+            return False  # a bad id: the topic index's validation reports it
 
     def _held(self, pos: tuple[int, int]) -> bool:
         """Whether the log or a subscription's private heap holds ``pos``."""
