@@ -19,7 +19,8 @@ from delayindex.timers import AsyncioTimer, ManualTimer, ThreadingTimer, Timer, 
 from delayindex.tracker import InMemoryTracker
 from delayindex.tracker._damage import QuarantineInfo, RepairResult
 from delayindex.tracker.delay_index import BucketInfo, DelayIndex
-from delayindex.tracker.shared import SharedDelayIndex, Subscription
+from delayindex.tracker.shared import SharedDelayIndex
+from delayindex.tracker.subscription import Subscription
 
 __version__ = "0.1.0"
 
