@@ -343,3 +343,35 @@ def add_output(parser: argparse.ArgumentParser, what: str, progress: str | None)
 def add_now_ms(parser: argparse.ArgumentParser, help: str) -> None:
     """``--now-ms``: an epoch-ms time, default None (now)."""
     parser.add_argument("--now-ms", type=_int_at_least(0), default=None, help=help)
+
+
+def add_bucket_options(parser: argparse.ArgumentParser) -> None:
+    """``--min-index-count-per-bucket`` and ``--max-num-buckets`` of a build (TrackerConfig's
+    defaults)."""
+    defaults = TrackerConfig()
+    parser.add_argument(
+        "--min-index-count-per-bucket", type=_int_at_least(1),
+        default=defaults.min_index_count_per_bucket,
+        help="seal a bucket once it holds this many indexes (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-num-buckets", type=int, default=defaults.max_num_buckets,
+        help="merge adjacent buckets down to this many; <= 0: no merging (default %(default)s)",
+    )  # fmt: skip
+
+
+def tracker_config(args: argparse.Namespace) -> TrackerConfig:
+    """The TrackerConfig of ``--tick-ms``, ``--strict-delivery`` and, where the command has
+    them, the bucket options.
+
+    Raises:
+        _UsageError: a bad combination of values.
+    """
+    changes: dict[str, Any] = {"tick_ms": args.tick_ms, "strict": args.strict_delivery}
+    for option in ("min_index_count_per_bucket", "max_num_buckets"):
+        if hasattr(args, option):
+            changes[option] = getattr(args, option)
+    try:
+        return TrackerConfig(**changes)
+    except (TypeError, ValueError) as exc:
+        raise _UsageError(str(exc)) from None

@@ -38,6 +38,7 @@ from delayindex.cli._common import (
     _size,
     _stamp,
     _UsageError,
+    add_bucket_options,
     add_now_ms,
     add_output,
     add_store,
@@ -46,12 +47,10 @@ from delayindex.cli._common import (
     add_tick_ms,
     parse_grace,
     subscription_marks,
+    tracker_config,
 )
-from delayindex.config import TrackerConfig
 from delayindex.errors import DelayIndexError
 
-#: The defaults of the config flags.
-DEFAULTS = TrackerConfig()
 #: Dumps smaller than this (about 4 M Parquet rows) run on a quick-start JVM (C1 only); larger
 #: ones get the full JIT, whose faster shuffle and Arrow conversion then repay its slower start
 #: (10 M rows: 14.1 s in all instead of 15.6 s, session start included).
@@ -122,15 +121,7 @@ def register(sub: Any) -> None:
         )
         add_output(cmd, "report", "progress bars")
         cmd.set_defaults(func=_handle_errors(_rebuild_cmd if cmd is rebuild else _verify_cmd))
-    rebuild.add_argument(
-        "--min-index-count-per-bucket", type=_int_at_least(1),
-        default=DEFAULTS.min_index_count_per_bucket,
-        help="seal a bucket once it holds this many indexes (default %(default)s)",
-    )  # fmt: skip
-    rebuild.add_argument(
-        "--max-num-buckets", type=int, default=DEFAULTS.max_num_buckets,
-        help="merge adjacent buckets down to this many; <= 0: no merging (default %(default)s)",
-    )  # fmt: skip
+    add_bucket_options(rebuild)
     verify.add_argument(
         "--report", type=Path, default=None, metavar="FILE.json",
         help="also write the JSON report to this file",
@@ -143,17 +134,6 @@ def register(sub: Any) -> None:
         "--grace", type=parse_grace, default=parse_grace("10m"), metavar="DURATION",
         help="unreferenced objects younger than this are not orphans (default 10m)",
     )  # fmt: skip
-
-
-def _tracker_config(args: argparse.Namespace) -> Any:
-    changes: dict[str, Any] = {"tick_ms": args.tick_ms, "strict": args.strict_delivery}
-    if args.command == "rebuild":
-        changes["min_index_count_per_bucket"] = args.min_index_count_per_bucket
-        changes["max_num_buckets"] = args.max_num_buckets
-    try:
-        return TrackerConfig(**changes)
-    except (TypeError, ValueError) as exc:
-        raise _UsageError(str(exc)) from None
 
 
 @contextmanager
@@ -325,7 +305,7 @@ def _verify_human(console: Console, report: Any, args: argparse.Namespace) -> No
 def _rebuild_cmd(args: argparse.Namespace, console: Console) -> int:
     from delayindex.spark import rebuild
 
-    config = _tracker_config(args)
+    config = tracker_config(args)
     subscriptions = subscription_marks(args)  # usage errors before the JVM starts
     show = not (args.json or args.no_progress)
     with (
@@ -356,7 +336,7 @@ def _rebuild_cmd(args: argparse.Namespace, console: Console) -> int:
 def _verify_cmd(args: argparse.Namespace, console: Console) -> int:
     from delayindex.spark import verify
 
-    config = _tracker_config(args)
+    config = tracker_config(args)
     _check_store(args.store)
     show = not (args.json or args.no_progress)
     kwargs: dict[str, Any] = {
