@@ -84,7 +84,7 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from delayindex import __version__
-from delayindex.cli import bench, demo, gendump, rebuild, repair, store
+from delayindex.cli import bench, demo, gendump, rebuild, repair, shared, store
 from delayindex.cli._common import (
     EXIT_CHECK_FAILED,
     EXIT_CODES_HELP,
@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"delayindex {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for family in (demo, store, gendump, rebuild, bench, repair):
+    for family in (demo, store, gendump, rebuild, bench, repair, shared):
         family.register(sub)
     return parser
 
