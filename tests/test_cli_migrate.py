@@ -137,7 +137,8 @@ def test_migrate_from_the_old_snapshots_delivers_what_each_old_index_did(
     assert report["report"]["build"]["mark_delete"] == [9, 13]  # the lowest mark
     checks = {c["name"]: c for c in report["report"]["verify"]["subscriptions"]}
     old = {o["subscription"]: o for o in report["report"]["old"]}
-    assert {s: c["found"] for s, c in checks.items()} == {s: o["positions"] for s, o in old.items()}
+    assert {s: c["found"] for s, c in checks.items()} == {s: o["pending"] for s, o in old.items()}
+    assert all(o["due"] == 0 and o["pending"] == o["positions"] for o in old.values())
 
     got = shared_deliveries(store)
     for sub, (name, _) in OLD.items():
@@ -266,3 +267,21 @@ def test_refusals_change_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[s
         main(["migrate", str(tmp_path), "--to", "orders", "--from", "no-equals-sign"])
     assert caught.value.code == EXIT_USAGE
     assert tree(tmp_path) == before
+
+
+def test_the_union_keeps_each_position_once_with_its_latest_deliver_time() -> None:
+    from delayindex.rebuild.migrate import Columns, OldIndex, union_positions
+
+    def old(sub: str, rows: list[tuple[int, int, int]]) -> OldIndex:
+        cols = Columns(*(np.array(c, dtype=np.int64) for c in zip(*rows, strict=True)))
+        return OldIndex(sub, f"idx-{sub}", None, 1, 1, 0, cols)
+
+    a = old("a", [(2, 0, 500), (1, 1, 100), (3, 0, 700)])
+    b = old("b", [(1, 1, 100), (2, 0, 900), (4, 4, 50)])
+    columns, conflicts = union_positions([a, b])
+    rows = list(zip(columns.ledger_ids.tolist(), columns.entry_ids.tolist(),
+                    columns.deliver_at.tolist(), strict=True))  # fmt: skip
+    assert rows == [(1, 1, 100), (2, 0, 900), (3, 0, 700), (4, 4, 50)]
+    assert conflicts == 1  # (2, 0): 500 in a, 900 in b; never early for either
+    with pytest.raises(ValueError, match="with its positions"):
+        union_positions([a, OldIndex("c", "idx-c", None, 1, 0, 0, None)])

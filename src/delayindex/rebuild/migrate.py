@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,7 @@ from delayindex.config import TrackerConfig
 from delayindex.errors import SnapshotCorruptError, SnapshotNotFoundError
 from delayindex.rebuild.local import rebuild_local
 from delayindex.rebuild.run import RebuildReport
-from delayindex.rebuild.tracked import Int64Array, PositionColumns, after_mark
+from delayindex.rebuild.tracked import Int64Array, PositionColumns, after_mark, cutoff_for
 from delayindex.rebuild.verify import Finding, VerifyReport, verify_store
 from delayindex.storage.base import SnapshotStorage
 from delayindex.storage.manifest import Manifest, validate_key
@@ -73,8 +73,10 @@ class OldIndex:
     """One subscription's old index: its name, its mark, what it holds after the mark.
 
     ``positions`` (None when a dump is the source) are the live snapshots' positions after the
-    mark with their stored deliver times; ``buckets`` and ``snapshot_bytes`` describe its live
-    buckets; ``version`` is its manifest's version when read.
+    mark with their stored deliver times, ``due`` how many of them are due at the build's
+    cutoff (not tracked: a dispatcher delivers them directly); ``buckets`` and
+    ``snapshot_bytes`` describe its live buckets; ``version`` is its manifest's version when
+    read.
     """
 
     subscription: str
@@ -84,6 +86,12 @@ class OldIndex:
     buckets: int
     snapshot_bytes: int
     positions: Columns | None = None
+    due: int = 0
+
+    @property
+    def pending(self) -> int | None:
+        """Positions after the mark not yet due (None when a dump is the source)."""
+        return None if self.positions is None else len(self.positions) - self.due
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data (JSON-ready), positions counted."""
@@ -95,6 +103,8 @@ class OldIndex:
             "buckets": self.buckets,
             "snapshot_bytes": self.snapshot_bytes,
             "positions": None if self.positions is None else len(self.positions),
+            "due": self.due,
+            "pending": self.pending,
         }
 
 
@@ -239,6 +249,12 @@ def union_positions(old: Sequence[OldIndex]) -> tuple[Columns, int]:
     return Columns(ledgers[first], entries[first], times[first]), conflicts
 
 
+def _with_due(old: OldIndex, cutoff: int) -> OldIndex:
+    if old.positions is None:
+        return old
+    return replace(old, due=int(np.count_nonzero(old.positions.deliver_at <= cutoff)))
+
+
 def check_topic(storage: SnapshotStorage, topic: str, subscriptions: Sequence[str]) -> None:
     """Refuse a shared index name that holds something else than a previous migration of
     these subscriptions (the rebuild would replace it).
@@ -306,8 +322,12 @@ def build_shared(
         raise MigrationError(f"{topic} is one of the old indexes: choose a new name")
     check_topic(storage, topic, list(sources))
     with holding(storage, names):
+        cutoff = cutoff_for(now_ms, config)
         old = tuple(
-            read_old_index(storage, sub, name, positions=dump is None, progress=progress)
+            _with_due(
+                read_old_index(storage, sub, name, positions=dump is None, progress=progress),
+                cutoff,
+            )
             for sub, name in sorted(sources.items())
         )
         conflicts = 0
