@@ -212,6 +212,9 @@ def test_a_failed_build_touches_no_old_index(
     assert {o.id for o in storage.list_objects()} == {
         i for name, _ in OLD.values() for i in storage.read_manifest(name).live_ids()
     }
+    monkeypatch.undo()  # the disk has room again: a re-run completes the migration
+    code, report = migrate(capsys, tmp_path)
+    assert code == EXIT_OK and len(report["cleared"]) == 2
 
 
 def test_a_failed_verify_touches_no_old_index(
@@ -235,6 +238,10 @@ def test_a_failed_verify_touches_no_old_index(
     assert "missing_snapshot" in out and "the old indexes were not touched" in out
     assert "mismatch" in out  # per subscription
     assert tree(tmp_path) == before
+    monkeypatch.undo()  # a re-run replaces the shared index the failed run left
+    code, report = migrate(capsys, tmp_path)
+    assert code == EXIT_OK and report["report"]["build"]["replaced"]
+    assert_old_gone(tmp_path)
 
 
 def test_refusals_change_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
