@@ -445,3 +445,92 @@ def test_cli_rebuild_strict_exits_1_on_rejected_rows(
     assert main([*args, "--no-progress"]) == EXIT_CHECK_FAILED
     err = capsys.readouterr().err
     assert "null_id" in err and "--strict" in err
+
+
+# -- a shared index -------------------------------------------------------------------------------
+
+SHARED_SUBS = {"sub-b": (40, 9), "sub-a": (25, 3)}
+
+
+def test_spark_shared_rebuild_equals_the_local_one_and_verifies_per_subscription(
+    spark: Any, tmp_path: Path
+) -> None:
+    columns = generate_dump(8000, entries_per_ledger=60, seed=61)
+    now = _now(columns)
+    dump = write_dump(tmp_path / "dump.parquet", columns)
+    report = rebuild(spark, dump, tmp_path / "spark", NAME, CONFIG, now, subscriptions=SHARED_SUBS)
+    clean, _ = read_dump(dump)
+    local = FileStorage(tmp_path / "local")
+    expected = rebuild_local(clean, local, NAME, CONFIG, now_ms=now, subscriptions=SHARED_SUBS)
+    assert report.mark_delete == expected.mark_delete == (25, 3)  # the lowest mark
+    assert report.subscriptions == expected.subscriptions
+    assert [s.name for s in report.subscriptions] == ["sub-a", "sub-b"]
+    assert (report.ranges, report.tracked, report.acked) == (
+        expected.ranges, expected.tracked, expected.acked,
+    )  # fmt: skip
+    spark_store = FileStorage(tmp_path / "spark")
+    _assert_same_index(spark_store, local)
+    assert spark_store.read_manifest(NAME).subscriptions == report.subscriptions
+    _no_leftovers(spark_store)
+
+    checked = verify(spark, dump, tmp_path / "spark", NAME, CONFIG, now, subscriptions=SHARED_SUBS)
+    assert checked.ok, checked.findings
+    by_name = {c.name: c for c in checked.subscriptions}
+    assert by_name["sub-a"].expected == by_name["sub-a"].found == report.tracked
+    assert 0 < by_name["sub-b"].expected == by_name["sub-b"].found < report.tracked
+
+    # A snapshot above both marks goes missing: each subscription names its lost positions.
+    victim = spark_store.read_manifest(NAME).buckets[-1]
+    os.remove(spark_store.object_path(victim.snapshot_id))
+    with_spark = verify(
+        spark, dump, tmp_path / "spark", NAME, CONFIG, now, subscriptions=SHARED_SUBS
+    )
+    in_process = verify(None, dump, tmp_path / "spark", NAME, CONFIG, now,
+                        subscriptions=SHARED_SUBS)  # fmt: skip
+    assert with_spark.findings == in_process.findings
+    missing = {f.subscription: f.count for f in with_spark.findings
+               if f.kind == "missing_position"}  # fmt: skip
+    assert missing == {"sub-a": victim.num_messages, "sub-b": victim.num_messages}
+    assert [c.ok for c in with_spark.subscriptions] == [False, False]
+
+
+def test_cli_rebuild_and_verify_a_shared_index(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    columns = generate_dump(3000, entries_per_ledger=50, seed=52)
+    now = _now(columns)
+    dump = write_dump(tmp_path / "dump.parquet", columns)
+    store = tmp_path / "store"
+    common = ["--store", str(store), "--name", NAME, "--now-ms", str(now), "--no-progress"]
+    subs = ["--subscription", "b=30:1", "--subscription", "a=20:5"]
+    config = ["--min-index-count-per-bucket", "200", "--max-num-buckets", "0"]
+    assert main(["rebuild", str(dump), *common, *subs, *config, "--json"]) == EXIT_OK
+    built = json.loads(capsys.readouterr().out)
+    assert built["mark_delete"] == [20, 5]
+    assert built["subscriptions"] == [
+        {"name": "a", "mark_delete": [20, 5]}, {"name": "b", "mark_delete": [30, 1]},
+    ]  # fmt: skip
+    assert main(["verify", str(dump), *common, *subs, "--no-spark"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "subscriptions" in out and "mismatch" not in out
+    # The topic's mark alone is not the shared index: the records are a mismatch.
+    assert main(["verify", str(dump), *common, "--mark-delete", "20:5", "--json"]) == (
+        EXIT_CHECK_FAILED
+    )
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["counts"] == {"manifest_mismatch": 1}
+    # A subscription without a mark makes the topic keep everything; the human report says so.
+    assert main(["rebuild", str(dump), *common, "--subscription", "a", *subs[:2]]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "mark-delete (lowest subscription)" in out
+    assert "--subscription a --subscription b=30:1" in out
+    for bad in (
+        [*subs, "--mark-delete", "1:1"],
+        ["--subscription", "a=1:1", "--subscription", "a=2:2"],
+    ):
+        assert main(["rebuild", str(dump), *common, *bad]) == EXIT_USAGE
+        assert main(["verify", str(dump), *common, *bad]) == EXIT_USAGE
+    with pytest.raises(SystemExit) as caught:
+        main(["rebuild", str(dump), *common, "--subscription", "a=7"])
+    assert caught.value.code == EXIT_USAGE
+    capsys.readouterr()

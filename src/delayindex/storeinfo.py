@@ -15,6 +15,15 @@ writer's next commit may of course change what it shows). Whether a writer holds
 detected without taking its lock: for :class:`~delayindex.storage.file.FileStorage`, by finding
 the lock file's ``flock`` in Linux's ``/proc/locks`` (unknown elsewhere, and for other backends).
 
+A shared index (a manifest with subscription records) also lists each subscription
+(:class:`SubscriptionInfo`) with its mark and its *backlog*: the positions of the live buckets'
+segments from the loaded one on (the bitmaps in the metadata, as recovery restores them) that
+lie after the subscription's mark, i.e. what a reopened shared index would still deliver to it
+from the snapshots (the writer's unpersisted indexes are not in them; unreadable buckets are not
+counted). Offline, the backlog is the lag measure: the due-log lag (keys the topic has popped
+that the subscription has not read yet) exists only in a running process's
+``SharedDelayIndex.stats()["subscriptions"]``.
+
 Errors are reported, not raised, wherever the rest of the report is still meaningful: a damaged
 or unreadable manifest marks its name, a missing or unreadable snapshot marks its bucket, and
 the walk goes on. Only failing to list the manifests raises.
@@ -26,7 +35,10 @@ import os
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from delayindex.errors import SnapshotCorruptError, SnapshotNotFoundError, StorageError
+from delayindex.snapshot.format import SnapshotMetadata
 from delayindex.storage.base import SnapshotStorage
 from delayindex.storage.file import FileStorage
 from delayindex.storage.manifest import (
@@ -95,6 +107,21 @@ class LockState:
 
 
 @dataclass(frozen=True)
+class SubscriptionInfo:
+    """One subscription of a shared index, seen offline (module docs): its mark and its
+    ``backlog``, the positions of the live snapshots a reopen would deliver to it."""
+
+    name: str
+    mark_delete: tuple[int, int] | None
+    backlog: int
+
+    @property
+    def lag(self) -> int:
+        """Offline, the backlog (the due-log lag exists only in a running process)."""
+        return self.backlog
+
+
+@dataclass(frozen=True)
 class NameInfo:
     """One name of the store."""
 
@@ -111,6 +138,8 @@ class NameInfo:
     error_kind: str = ""
     #: Buckets whose snapshot was found damaged or missing (active or resolved; objects kept).
     quarantined: tuple[QuarantineRecord, ...] = ()
+    #: A shared index's subscriptions, sorted by name (empty for a per-subscription index).
+    subscriptions: tuple[SubscriptionInfo, ...] = ()
 
     @property
     def messages(self) -> int:
@@ -234,7 +263,34 @@ def _error_kind(exc: Exception) -> str:
     return "io"
 
 
-def _bucket(storage: SnapshotStorage, manifest: Manifest, index: int, cutoff: int) -> StoredBucket:
+def _backlogs(
+    metadata: SnapshotMetadata, first: int, marks: list[tuple[int, int] | None]
+) -> list[int]:
+    """Positions of segments ``first..`` after each mark (from the metadata's bitmaps)."""
+    ids, offsets, entries = metadata.ledger_entries(first)
+    out = []
+    for mark in marks:
+        if mark is None:
+            out.append(len(entries))
+            continue
+        i = int(np.searchsorted(ids, mark[0]))  # the first ledger at or after the mark's
+        count = len(entries) - int(offsets[i])
+        if i < len(ids) and int(ids[i]) == mark[0]:
+            own = entries[int(offsets[i]) : int(offsets[i + 1])]
+            count -= int(np.searchsorted(own, mark[1], side="right"))
+        out.append(count)
+    return out
+
+
+def _bucket(
+    storage: SnapshotStorage,
+    manifest: Manifest,
+    index: int,
+    cutoff: int,
+    backlog: list[int] | None = None,
+) -> StoredBucket:
+    """One live bucket's report; with ``backlog`` (one counter per subscription, in the
+    manifest's order), add the positions each subscription would still receive from it."""
     record = manifest.buckets[index]
     below = manifest.mark_delete is not None and record.end_ledger < manifest.mark_delete[0]
     bucket = StoredBucket(
@@ -259,6 +315,10 @@ def _bucket(storage: SnapshotStorage, manifest: Manifest, index: int, cutoff: in
     else:
         due = int(metadata.counts[: first - 1].sum())
         next_ms = int(metadata.mins[first - 1])
+        if backlog is not None:
+            marks = [sub.mark_delete for sub in manifest.subscriptions]
+            for k, count in enumerate(_backlogs(metadata, first, marks)):
+                backlog[k] += count
     return replace(bucket, loaded_segment=first, next_delivery_ms=next_ms, due_messages=due)
 
 
@@ -288,10 +348,14 @@ def inspect_name(storage: SnapshotStorage, name: str, *, now_ms: int, tick_ms: i
         kind = _error_kind(exc)
         return NameInfo(name, lock=lock, error=f"manifest {kind}: {exc}", error_kind=kind)
     cutoff = now_ms + tick_ms
+    backlog = [0] * len(manifest.subscriptions) if manifest.subscriptions else None
+    buckets = tuple(
+        _bucket(storage, manifest, i, cutoff, backlog) for i in range(len(manifest.buckets))
+    )
     return NameInfo(
         name=name,
         version=manifest.version,
-        buckets=tuple(_bucket(storage, manifest, i, cutoff) for i in range(len(manifest.buckets))),
+        buckets=buckets,
         intents=tuple(
             _intent(i, _create_messages(storage, i.snapshot_id) if i.kind == "create" else None)
             for i in manifest.intents
@@ -301,6 +365,10 @@ def inspect_name(storage: SnapshotStorage, name: str, *, now_ms: int, tick_ms: i
         writer_status=manifest.writer_status,
         lock=lock,
         quarantined=manifest.quarantined,
+        subscriptions=tuple(
+            SubscriptionInfo(sub.name, sub.mark_delete, count)
+            for sub, count in zip(manifest.subscriptions, backlog or (), strict=True)
+        ),
     )
 
 
@@ -332,6 +400,7 @@ __all__ = [
     "PendingIntent",
     "StoreInfo",
     "StoredBucket",
+    "SubscriptionInfo",
     "inspect_name",
     "inspect_store",
     "lock_state",

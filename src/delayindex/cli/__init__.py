@@ -32,6 +32,15 @@
   are reported, but only store findings fail the check.
 * ``delayindex repair --store PATH --name N (--dump DUMP | --release)``: rebuild quarantined
   buckets from a topic dump, or release them (``repair``).
+* ``delayindex clear STORE NAME [--subscription S] [--json]``: clear an index (a shared one's
+  subscriptions stay, their marks reset), or drop one subscription of a shared index
+  (``shared``).
+* ``delayindex migrate STORE --to TOPIC --from SUB=INDEX... [--dump DUMP] [--keep-old]``: build
+  one shared index from per-subscription indexes, verify it per subscription, then clear the old
+  ones (``shared``; ``delayindex.rebuild.migrate``).
+
+``rebuild`` and ``verify`` take ``--subscription NAME[=L:E]`` (repeatable) to build or check a
+shared index; ``inspect`` lists a shared index's subscriptions with their backlogs.
 * ``delayindex bench [--quick | --full] [--json-out FILE] [--benchmarks-dir DIR] [-k EXPR]``:
   run the repository's benchmark suite (``benchmarks/``, pytest-benchmark; only a checkout
   has it) in-process, write pytest-benchmark's JSON and print each benchmark's ratio to the
@@ -54,12 +63,15 @@ Exit codes:
       intents, or could not delete something; dead letters remain; ``inspect`` found a missing
       or unreadable snapshot; ``verify`` found a store mismatch; ``rebuild --fail-on-rejected``
       (old spelling ``--strict``) found rejected dump rows; a ``bench`` benchmark failed its
-      own checks; ``fsck`` found a damaged object, manifest or manifest history generation
+      own checks; ``fsck`` found a damaged object, manifest or manifest history generation;
+      ``clear`` found no such name or subscription; ``migrate`` was refused, or its build or
+      verify failed (no old index touched)
 2     bad usage: bad arguments, a store directory that does not exist, an unknown ``--name``;
       an unreadable dump or one missing a column; pyspark or Java missing (``rebuild``);
       no benchmarks directory or pytest-benchmark missing (``bench``)
 3     store error: a damaged manifest (``gc`` then deletes nothing), an I/O failure, a name
-      whose writer lock is held (``rebuild``)
+      whose writer lock is held (``rebuild``, ``clear``, ``migrate``), deletes left pending
+      (``clear``)
 ====  =======================================================================================
 
 Layout of this package: ``_common`` (exit codes, argparse types, the shared options with their
@@ -67,7 +79,8 @@ defaults from ``TrackerConfig``, store checks, formatting, error and JSON printi
 bars, the error-mapping :func:`~delayindex.cli._common.handler`), then one module per command
 family, each with a ``register(sub)`` that adds its subcommands and binds their handlers with
 ``set_defaults(func=...)``: ``demo`` (demo, simulate), ``store`` (inspect, gc, fsck),
-``gendump`` (gen-dump), ``rebuild`` (rebuild, verify), ``bench`` and ``repair``. :func:`main`
+``gendump`` (gen-dump), ``rebuild`` (rebuild, verify), ``bench``, ``repair`` and ``shared``
+(clear, migrate). :func:`main`
 parses and calls ``args.func``.
 
 Two spellings were renamed to say what they mean; the old one still works: ``rebuild``/``verify
@@ -84,7 +97,7 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from delayindex import __version__
-from delayindex.cli import bench, demo, gendump, rebuild, repair, store
+from delayindex.cli import bench, demo, gendump, rebuild, repair, shared, store
 from delayindex.cli._common import (
     EXIT_CHECK_FAILED,
     EXIT_CODES_HELP,
@@ -124,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"delayindex {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for family in (demo, store, gendump, rebuild, bench, repair):
+    for family in (demo, store, gendump, rebuild, bench, repair, shared):
         family.register(sub)
     return parser
 

@@ -114,6 +114,48 @@ def _mark_delete(text: str) -> tuple[int, int]:
     return mark
 
 
+def _subscription(text: str) -> tuple[str, tuple[int, int] | None]:
+    """An argparse type: ``NAME`` or ``NAME=LEDGER:ENTRY`` (a subscription and its mark-delete
+    position; the name ends at the last ``=``)."""
+    name, sep, mark = text.rpartition("=") if "=" in text else (text, "", "")
+    if not name:
+        raise argparse.ArgumentTypeError(f"bad subscription {text!r}: use NAME[=LEDGER:ENTRY]")
+    return name, _mark_delete(mark) if sep else None
+
+
+def add_subscriptions(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--subscription NAME[=L:E]`` (repeatable): ``what`` says what the subscriptions do."""
+    parser.add_argument(
+        "--subscription", dest="subscriptions", type=_subscription, action="append",
+        default=None, metavar="NAME[=L:E]",
+        help=f"{what} (repeatable; the mark-delete position L:E, none if omitted)",
+    )  # fmt: skip
+
+
+def subscription_marks(
+    args: argparse.Namespace,
+) -> dict[str, tuple[int, int] | None] | None:
+    """The ``--subscription`` values as name -> mark (None without any).
+
+    Raises:
+        _UsageError: a name given twice, or ``--mark-delete`` too (a shared index's mark is its
+            subscriptions' lowest).
+    """
+    if args.subscriptions is None:
+        return None
+    marks = dict(args.subscriptions)
+    if len(marks) != len(args.subscriptions):
+        names = [n for n, _ in args.subscriptions]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise _UsageError(f"--subscription {', '.join(twice)} given twice")
+    if getattr(args, "mark_delete", None) is not None:
+        raise _UsageError(
+            "give --mark-delete or --subscription, not both: a shared index's mark-delete "
+            "position is the lowest of its subscriptions' marks"
+        )
+    return marks
+
+
 class _UsageError(Exception):
     """A usage problem found after parsing (exit 2)."""
 
@@ -301,3 +343,35 @@ def add_output(parser: argparse.ArgumentParser, what: str, progress: str | None)
 def add_now_ms(parser: argparse.ArgumentParser, help: str) -> None:
     """``--now-ms``: an epoch-ms time, default None (now)."""
     parser.add_argument("--now-ms", type=_int_at_least(0), default=None, help=help)
+
+
+def add_bucket_options(parser: argparse.ArgumentParser) -> None:
+    """``--min-index-count-per-bucket`` and ``--max-num-buckets`` of a build (TrackerConfig's
+    defaults)."""
+    defaults = TrackerConfig()
+    parser.add_argument(
+        "--min-index-count-per-bucket", type=_int_at_least(1),
+        default=defaults.min_index_count_per_bucket,
+        help="seal a bucket once it holds this many indexes (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-num-buckets", type=int, default=defaults.max_num_buckets,
+        help="merge adjacent buckets down to this many; <= 0: no merging (default %(default)s)",
+    )  # fmt: skip
+
+
+def tracker_config(args: argparse.Namespace) -> TrackerConfig:
+    """The TrackerConfig of ``--tick-ms``, ``--strict-delivery`` and, where the command has
+    them, the bucket options.
+
+    Raises:
+        _UsageError: a bad combination of values.
+    """
+    changes: dict[str, Any] = {"tick_ms": args.tick_ms, "strict": args.strict_delivery}
+    for option in ("min_index_count_per_bucket", "max_num_buckets"):
+        if hasattr(args, option):
+            changes[option] = getattr(args, option)
+    try:
+        return TrackerConfig(**changes)
+    except (TypeError, ValueError) as exc:
+        raise _UsageError(str(exc)) from None

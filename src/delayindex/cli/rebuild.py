@@ -38,18 +38,19 @@ from delayindex.cli._common import (
     _size,
     _stamp,
     _UsageError,
+    add_bucket_options,
     add_now_ms,
     add_output,
     add_store,
     add_strict_delivery,
+    add_subscriptions,
     add_tick_ms,
     parse_grace,
+    subscription_marks,
+    tracker_config,
 )
-from delayindex.config import TrackerConfig
 from delayindex.errors import DelayIndexError
 
-#: The defaults of the config flags.
-DEFAULTS = TrackerConfig()
 #: Dumps smaller than this (about 4 M Parquet rows) run on a quick-start JVM (C1 only); larger
 #: ones get the full JIT, whose faster shuffle and Arrow conversion then repay its slower start
 #: (10 M rows: 14.1 s in all instead of 15.6 s, session start included).
@@ -111,17 +112,16 @@ def register(sub: Any) -> None:
             cmd, "TrackerConfig.tick_ms: due means deliver_at <= now + tick (default %(default)s)"
         )
         add_strict_delivery(cmd)
+        add_subscriptions(
+            cmd,
+            "a shared index's subscription and its mark: build (check) NAME as the shared "
+            "index of these subscriptions, keeping the rows after the lowest mark"
+            if cmd is rebuild
+            else "check NAME as a shared index, per subscription: the rows after its mark",
+        )
         add_output(cmd, "report", "progress bars")
         cmd.set_defaults(func=_handle_errors(_rebuild_cmd if cmd is rebuild else _verify_cmd))
-    rebuild.add_argument(
-        "--min-index-count-per-bucket", type=_int_at_least(1),
-        default=DEFAULTS.min_index_count_per_bucket,
-        help="seal a bucket once it holds this many indexes (default %(default)s)",
-    )  # fmt: skip
-    rebuild.add_argument(
-        "--max-num-buckets", type=int, default=DEFAULTS.max_num_buckets,
-        help="merge adjacent buckets down to this many; <= 0: no merging (default %(default)s)",
-    )  # fmt: skip
+    add_bucket_options(rebuild)
     verify.add_argument(
         "--report", type=Path, default=None, metavar="FILE.json",
         help="also write the JSON report to this file",
@@ -134,17 +134,6 @@ def register(sub: Any) -> None:
         "--grace", type=parse_grace, default=parse_grace("10m"), metavar="DURATION",
         help="unreferenced objects younger than this are not orphans (default 10m)",
     )  # fmt: skip
-
-
-def _tracker_config(args: argparse.Namespace) -> Any:
-    changes: dict[str, Any] = {"tick_ms": args.tick_ms, "strict": args.strict_delivery}
-    if args.command == "rebuild":
-        changes["min_index_count_per_bucket"] = args.min_index_count_per_bucket
-        changes["max_num_buckets"] = args.max_num_buckets
-    try:
-        return TrackerConfig(**changes)
-    except (TypeError, ValueError) as exc:
-        raise _UsageError(str(exc)) from None
 
 
 @contextmanager
@@ -204,8 +193,10 @@ def _rebuild_human(console: Console, report: Any, args: argparse.Namespace) -> N
         ("  acknowledged (<= mark-delete)", f"{report.acked:,}"),
         ("  tracked", f"{report.tracked:,}"),
         ("cutoff (now + tick)", _stamp(report.cutoff_ms)),
-        ("mark-delete", "-" if report.mark_delete is None else
-         f"{report.mark_delete[0]}:{report.mark_delete[1]}"),
+        ("mark-delete" + (" (lowest subscription)" if report.subscriptions else ""),
+         _position(report.mark_delete)),
+        *((f"  subscription {escape(sub.name)}", _position(sub.mark_delete))
+          for sub in report.subscriptions),
         ("buckets (sealed / after merging)", f"{report.planned_buckets} / {len(report.buckets)}"),
         ("snapshot bytes", _size(report.snapshot_bytes)),
         ("  per index", f"{report.snapshot_bytes / report.tracked:.2f} B" if report.tracked
@@ -227,11 +218,39 @@ def _rebuild_human(console: Console, report: Any, args: argparse.Namespace) -> N
         f"[green]published[/] {len(report.buckets)} buckets as of now_ms={report.now_ms}; "
         f"verify with: delayindex verify {escape(str(args.dump))} --store "
         f"{escape(str(args.store))} --name {escape(args.name)} --now-ms {report.now_ms}"
-        + (f" --mark-delete {report.mark_delete[0]}:{report.mark_delete[1]}"
-           if report.mark_delete else ""),
+        + _marks_argv(report),
         soft_wrap=True,
         highlight=False,
     )  # fmt: skip
+
+
+def _position(mark: tuple[int, int] | None) -> str:
+    return "-" if mark is None else f"{mark[0]}:{mark[1]}"
+
+
+def _marks_argv(report: Any) -> str:
+    """The ``--mark-delete``/``--subscription`` options that verify a rebuild's result."""
+    if report.subscriptions:
+        return "".join(
+            f" --subscription {escape(s.name)}"
+            + (f"={_position(s.mark_delete)}" if s.mark_delete else "")
+            for s in report.subscriptions
+        )
+    return f" --mark-delete {_position(report.mark_delete)}" if report.mark_delete else ""
+
+
+def _subscription_table(checks: Any) -> Table:
+    """A shared index's verify, per subscription."""
+    table = Table(title="subscriptions", title_justify="left")
+    for column, justify in (("subscription", "left"), ("mark-delete", "right"),
+                            ("expected", "right"), ("in the store", "right"), ("", "left")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for c in checks:
+        table.add_row(
+            escape(c.name), _position(c.mark_delete), f"{c.expected:,}", f"{c.found:,}",
+            "[green]ok[/]" if c.ok else "[red]mismatch[/]",
+        )
+    return table  # fmt: skip
 
 
 def _verify_human(console: Console, report: Any, args: argparse.Namespace) -> None:
@@ -252,6 +271,8 @@ def _verify_human(console: Console, report: Any, args: argparse.Namespace) -> No
     ):
         summary.add_row(f"  {what}", f"{count:,}")
     console.print(summary)
+    if report.subscriptions:
+        console.print(_subscription_table(report.subscriptions))
     for line in _reject_lines(report.rejects):
         console.print(line, highlight=False, soft_wrap=True)
     if report.findings:
@@ -284,7 +305,8 @@ def _verify_human(console: Console, report: Any, args: argparse.Namespace) -> No
 def _rebuild_cmd(args: argparse.Namespace, console: Console) -> int:
     from delayindex.spark import rebuild
 
-    config = _tracker_config(args)
+    config = tracker_config(args)
+    subscriptions = subscription_marks(args)  # usage errors before the JVM starts
     show = not (args.json or args.no_progress)
     with (
         _spark_session(args, _dump_bytes(args.dump)) as spark,
@@ -298,6 +320,7 @@ def _rebuild_cmd(args: argparse.Namespace, console: Console) -> int:
             config,
             now_ms=args.now_ms,
             mark_delete=args.mark_delete,
+            subscriptions=subscriptions,
             strict=args.fail_on_rejected,
             fmt=args.format,  # rebuild normalizes the json alias
             partitions=args.partitions,
@@ -313,12 +336,13 @@ def _rebuild_cmd(args: argparse.Namespace, console: Console) -> int:
 def _verify_cmd(args: argparse.Namespace, console: Console) -> int:
     from delayindex.spark import verify
 
-    config = _tracker_config(args)
+    config = tracker_config(args)
     _check_store(args.store)
     show = not (args.json or args.no_progress)
     kwargs: dict[str, Any] = {
         "now_ms": args.now_ms,
         "mark_delete": args.mark_delete,
+        "subscriptions": subscription_marks(args),
         "strict": args.fail_on_rejected,
         "fmt": args.format,  # verify normalizes the json alias
         "orphan_grace_ms": args.grace,

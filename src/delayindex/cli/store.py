@@ -59,7 +59,13 @@ def register(sub: Any) -> None:
         description="Show, per name, the live buckets as recovery would see them now (ledger "
         "range, segments, messages, bytes, the segment it would load and the next delivery "
         "time), pending intents, dead letters, the mark-delete position, the writer's "
-        "unpersisted counts and whether a writer holds the name. Read-only: takes no lock. "
+        "unpersisted counts and whether a writer holds the name. For a shared index, each "
+        "subscription with its mark-delete position and its backlog: the positions after its "
+        "mark in the live buckets' segments from the loaded one on, counted offline from the "
+        "snapshots' metadata bitmaps (what a reopen would still deliver to it; the writer's "
+        "unpersisted indexes and unreadable buckets are not counted). Offline the backlog is "
+        "the lag measure; the due-log lag exists only in a running process's "
+        "SharedDelayIndex.stats()['subscriptions']. Read-only: takes no lock. "
         + EXIT_CODES_HELP,
         epilog="Exit 1: a snapshot is missing or unreadable, or dead letters remain.",
     )
@@ -150,6 +156,10 @@ def _inspect_json(info: StoreInfo, store: Path, code: int) -> dict[str, Any]:
     for name in info.names:
         item = dataclasses.asdict(name)
         item["writer"] = item.pop("lock")
+        if not name.subscriptions:
+            del item["subscriptions"]  # a per-subscription index: its keys as before
+        for sub in item.get("subscriptions", ()):
+            sub["lag"] = sub["backlog"]  # offline, the backlog is the lag (module docs)
         for bucket, raw in zip(item["buckets"], name.buckets, strict=True):
             bucket["all_due"] = raw.all_due
         item.update(
@@ -195,6 +205,18 @@ def _intent_table(
             cells.append(_rel(i.next_attempt_ms, now_ms, due=True) if i.attempts else "-")
         cells.append(escape(i.last_error) or "-")
         table.add_row(*cells)
+    return table
+
+
+def _subscription_table(name: NameInfo) -> Table:
+    """A shared index's subscriptions: mark and backlog (offline, the lag)."""
+    table = Table(title="subscriptions (shared index)", title_justify="left")
+    table.add_column("subscription", overflow="fold")
+    table.add_column("mark-delete", justify="right")
+    table.add_column("backlog (lag)", justify="right")
+    for sub in name.subscriptions:
+        mark = "-" if sub.mark_delete is None else f"{sub.mark_delete[0]}:{sub.mark_delete[1]}"
+        table.add_row(escape(sub.name), mark, f"{sub.backlog:,}")
     return table
 
 
@@ -250,6 +272,8 @@ def _inspect_human(console: Console, info: StoreInfo, store: Path) -> None:
         console.print(f"  mark-delete {mark}   unpersisted: {unpersisted}", soft_wrap=True)
         if name.being_written:
             console.print(f"  being written: {name.being_written:,} messages", soft_wrap=True)
+        if name.subscriptions:
+            console.print(_subscription_table(name))
         if name.buckets:
             table = Table(title_justify="left")
             for column, justify in (

@@ -33,6 +33,11 @@ runs the same skeleton), one module per step:
 5. ``local.py``: :func:`rebuild_local`, steps 1-4 in this process. A re-run yields the same
    ranges and snapshot contents (only the random keys differ).
 
+A *shared* index (:class:`~delayindex.SharedDelayIndex`) is built the same way from its
+subscriptions and their marks: ``shared.py``'s :func:`acknowledged` turns them into the topic
+index's mark (the lowest; step 1 keeps the rows after it) and the subscription records the
+publish commit carries. It is the one translation the local and the Spark paths share.
+
 So, for a dump in position order, a rebuild equals online ingestion at ``now_ms`` with merging
 off, followed by one add in a newer ledger that seals the last bucket.
 
@@ -40,6 +45,7 @@ off, followed by one add in a newer ledger that seals the last bucket.
 exactly one live bucket with the same deliver time, no extra position, every snapshot fully
 decoded, the manifest consistent with its objects and free of pending intents, and the store's
 orphans listed. Each finding has a kind from :data:`FINDING_KINDS`. It reads only (no lock).
+A shared index is checked per subscription (the rows after its own mark).
 
 Invariants: the functions here never change the dump's arrays; a rebuild changes the store only
 through the catalog, so at every instant each object it wrote is referenced by the manifest;
@@ -58,10 +64,12 @@ from delayindex.rebuild.run import (
     Reservation,
     ReservedBucket,
 )
+from delayindex.rebuild.shared import Acknowledged, Subscriptions, acknowledged
 from delayindex.rebuild.tracked import (
     Classification,
     PositionColumns,
     Tally,
+    after_mark,
     check_arguments,
     classify,
     cutoff_for,
@@ -72,12 +80,14 @@ from delayindex.rebuild.verify import (
     DEFAULT_ORPHAN_GRACE_MS,
     FINDING_KINDS,
     Finding,
+    SubscriptionCheck,
     VerifyReport,
     verify_store,
 )
 
 __all__ = [
     "DEFAULT_ORPHAN_GRACE_MS",
+    "Acknowledged",
     "FINDING_KINDS",
     "BuildStep",
     "Classification",
@@ -89,9 +99,13 @@ __all__ = [
     "RebuildRun",
     "Reservation",
     "ReservedBucket",
+    "SubscriptionCheck",
+    "Subscriptions",
     "Tally",
     "VerifyReport",
     "abort_rebuild",
+    "acknowledged",
+    "after_mark",
     "build_bucket",
     "check_arguments",
     "classify",

@@ -21,7 +21,7 @@ from delayindex.rebuild.tracked import Int64Array, _config, _mark
 from delayindex.snapshot.format import PreparedSegments, SnapshotMetadata, build_snapshot
 from delayindex.storage.base import SnapshotStorage
 from delayindex.storage.catalog import Catalog
-from delayindex.storage.manifest import BucketRecord
+from delayindex.storage.manifest import BucketRecord, SubscriptionRecord
 
 
 def build_bucket(
@@ -91,35 +91,47 @@ def write_bucket(
 
 
 def publish_rebuild(
-    catalog: Catalog, records: Sequence[BucketRecord], mark_delete: tuple[int, int] | None
+    catalog: Catalog,
+    records: Sequence[BucketRecord],
+    mark_delete: tuple[int, int] | None,
+    subscriptions: Sequence[SubscriptionRecord] = (),
 ) -> list[str]:
     """Phase 2 of a rebuild: make ``records`` the name's only live buckets, with ``mark_delete``.
 
     One commit publishes the reserved buckets, turns every other live bucket into a delete
-    intent and records the mark-delete position (None clears an old one: the rebuilt buckets
-    hold exactly what the dump says is unacknowledged); the replaced objects are then deleted
-    (failures stay as pending intents). Returns the replaced snapshot ids.
+    intent and records the mark-delete position and a shared index's ``subscriptions`` (sorted
+    by name; None and empty clear old ones: the rebuilt buckets hold exactly what the dump says
+    is unacknowledged); the replaced objects are then deleted (failures stay as pending
+    intents). Returns the replaced snapshot ids.
 
     Raises:
-        ValueError: a record does not match its reservation (see ``Catalog.publish_creates``).
+        ValueError: a record does not match its reservation (see ``Catalog.publish_creates``),
+            or the subscriptions are not sorted by name.
         StorageError, ManifestConflictError: the commit failed; call :func:`abort_rebuild`.
     """
     catalog.note_mark_delete(_mark(mark_delete))  # carried by the publish commit
+    catalog.note_subscriptions(tuple(subscriptions))
     replaced = catalog.publish_creates(records, replace_live=True)
     catalog.persist_mark_delete()  # a no-op unless the publish left it pending
     return replaced
 
 
-def abort_rebuild(catalog: Catalog, previous_mark: tuple[int, int] | None) -> list[str]:
+def abort_rebuild(
+    catalog: Catalog,
+    previous_mark: tuple[int, int] | None,
+    previous_subscriptions: Sequence[SubscriptionRecord] = (),
+) -> list[str]:
     """Undo a rebuild that reserved but did not publish: roll back its create intents now.
 
-    ``previous_mark`` is the manifest's mark-delete position before the rebuild (restored, so a
-    rollback never persists the new one). Failures are not raised: what is left stays as
-    intents for the next :meth:`Catalog.open` to roll back. Returns notes on what was left.
+    ``previous_mark`` and ``previous_subscriptions`` are the manifest's mark-delete position
+    and subscription records before the rebuild (restored, so a rollback never persists the new
+    ones). Failures are not raised: what is left stays as intents for the next
+    :meth:`Catalog.open` to roll back. Returns notes on what was left.
     """
     notes: list[str] = []
     try:
         catalog.note_mark_delete(previous_mark)
+        catalog.note_subscriptions(tuple(previous_subscriptions))
         report = catalog.retry_pending_deletes(force=True)
     except (StorageError, ManifestConflictError, SnapshotCorruptError, ValueError) as exc:
         return [f"rollback failed ({exc}); the next open rolls the reservations back"]

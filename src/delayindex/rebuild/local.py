@@ -23,6 +23,7 @@ from delayindex.config import TrackerConfig
 from delayindex.rebuild.build import build_bucket, write_bucket
 from delayindex.rebuild.plan import plan_for
 from delayindex.rebuild.run import RebuildReport, RebuildRun, Reservation
+from delayindex.rebuild.shared import Subscriptions, acknowledged
 from delayindex.rebuild.tracked import (
     Int64Array,
     PositionColumns,
@@ -58,6 +59,7 @@ def rebuild_local(
     now_ms: int,
     mark_delete: tuple[int, int] | None = None,
     progress: Progress | None = None,
+    subscriptions: Subscriptions | None = None,
 ) -> RebuildReport:
     """Rebuild index ``name`` in ``storage`` from a dump, in this process (the reference path).
 
@@ -67,6 +69,10 @@ def rebuild_local(
     :meth:`DelayIndex.open` as the index an online tracker would have built from the same
     messages at ``now_ms``.
 
+    With ``subscriptions`` it builds a shared index instead (open it with
+    :meth:`SharedDelayIndex.open`): the rows after the *lowest* subscription mark, published
+    with every subscription's record (:func:`~delayindex.rebuild.shared.acknowledged`).
+
     Args:
         columns: the dump (``DumpColumns``); positions must be distinct.
         storage: where the index lives.
@@ -74,6 +80,8 @@ def rebuild_local(
         config: tracker settings (cutoff, bucket size, segment limits, ``max_num_buckets``).
         now_ms: the time the rebuilt index is as of (epoch ms).
         mark_delete: the cursor's mark-delete position, or None.
+        subscriptions: a shared index's subscriptions, name -> mark-delete position (None:
+            nothing acknowledged); not with ``mark_delete``.
         progress: ``progress("buckets", done, total)`` after each bucket is written.
 
     Raises:
@@ -83,7 +91,8 @@ def rebuild_local(
             (or, if that failed too, are left for the next open): the old buckets stay live.
     """
     started = time.perf_counter()
-    config, now, mark = check_arguments(name, config, now_ms, mark_delete)
+    ack = acknowledged(mark_delete, subscriptions)
+    config, now, mark = check_arguments(name, config, now_ms, ack.mark_delete)
     if progress is not None and not callable(progress):
         raise TypeError("progress must be callable")
     ledgers, entries, times = _columns(columns)
@@ -110,5 +119,5 @@ def rebuild_local(
         return records
 
     with closing(RebuildRun(storage, name, config)) as run:
-        run.publish(plan, mark, build)
+        run.publish(plan, ack, build)
     return run.report(RebuildReport, now_ms=now, tally=seen.tally(), started=started)

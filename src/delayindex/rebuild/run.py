@@ -9,7 +9,9 @@ under its reserved key and returns the records (in this process for
 :func:`~delayindex.rebuild.rebuild_local`, on Spark executors for
 :func:`~delayindex.spark.job.rebuild_dump`), and one commit publishes them
 (:func:`~delayindex.rebuild.build.publish_rebuild`): the new buckets become the name's only live
-ones, the old ones delete intents, and the mark-delete position is recorded. If anything fails
+ones, the old ones delete intents, and the mark-delete position (and, for a shared index, the
+subscription records that :func:`~delayindex.rebuild.shared.acknowledged` derived it from) is
+recorded. If anything fails
 once the reservation has started, :func:`~delayindex.rebuild.build.abort_rebuild` rolls the
 reservations back at once, its notes are added to the exception, and the exception propagates.
 :meth:`RebuildRun.report` then assembles the :class:`RebuildReport` (or a subclass).
@@ -31,10 +33,11 @@ from typing import Any, NamedTuple, TypeVar
 from delayindex.config import TrackerConfig
 from delayindex.policy import BucketPlan
 from delayindex.rebuild.build import abort_rebuild, publish_rebuild
+from delayindex.rebuild.shared import Acknowledged, acknowledged, subscriptions_data
 from delayindex.rebuild.tracked import Tally
 from delayindex.storage.base import SnapshotStorage
 from delayindex.storage.catalog import Catalog, CrashHook
-from delayindex.storage.manifest import BucketRecord
+from delayindex.storage.manifest import BucketRecord, SubscriptionRecord
 
 
 class ReservedBucket(NamedTuple):
@@ -83,7 +86,8 @@ class RebuildReport:
     ``rows`` were read; ``tracked`` became indexes, the rest were skipped as ``not_delayed``,
     ``due`` or ``acked`` (:class:`~delayindex.rebuild.Classification`). ``planned_buckets`` is
     the count the sealing rule gave before merging; ``buckets`` are the published records in
-    ledger order; ``replaced`` the previously live snapshots that were replaced.
+    ledger order; ``replaced`` the previously live snapshots that were replaced. A shared
+    index's ``subscriptions`` are the published records (``mark_delete`` is their lowest mark).
     """
 
     name: str
@@ -100,6 +104,7 @@ class RebuildReport:
     mark_delete: tuple[int, int] | None = None
     seconds: float = 0.0
     notes: tuple[str, ...] = ()
+    subscriptions: tuple[SubscriptionRecord, ...] = ()
 
     @property
     def ranges(self) -> list[tuple[int, int]]:
@@ -115,6 +120,7 @@ class RebuildReport:
         """Plain data (JSON-ready)."""
         out = asdict(self)
         out["mark_delete"] = list(self.mark_delete) if self.mark_delete else None
+        out["subscriptions"] = subscriptions_data(self.subscriptions)
         out["snapshot_bytes"] = self.snapshot_bytes
         return out
 
@@ -149,7 +155,7 @@ class RebuildRun:
             storage, name, crash_hook=crash_hook, **config.catalog_settings()
         )
         self._hook = crash_hook
-        self._published: tuple[BucketPlan, tuple[int, int] | None, Outcome] | None = None
+        self._published: tuple[BucketPlan, Acknowledged, Outcome] | None = None
 
     def close(self) -> None:
         """Release the catalog and the name's lock."""
@@ -161,9 +167,14 @@ class RebuildRun:
             self._hook(step)
 
     def publish(
-        self, plan: BucketPlan, mark_delete: tuple[int, int] | None, build: BuildStep
+        self,
+        plan: BucketPlan,
+        mark_delete: tuple[int, int] | Acknowledged | None,
+        build: BuildStep,
     ) -> Outcome:
-        """Reserve the plan's ranges, run ``build``, publish its records with ``mark_delete``.
+        """Reserve the plan's ranges, run ``build``, publish its records with ``mark_delete``
+        (a mark, or an :class:`~delayindex.rebuild.shared.Acknowledged`: a shared index's
+        topic mark and subscription records).
 
         The crash hook sees ``rebuild.objects_written`` between the build and the publish.
 
@@ -172,7 +183,8 @@ class RebuildRun:
             reservations back (notes on what the rollback left are added to the exception).
         """
         catalog = self.catalog
-        previous_mark = catalog.manifest.mark_delete
+        ack = mark_delete if isinstance(mark_delete, Acknowledged) else acknowledged(mark_delete)
+        previous = catalog.manifest
         seconds: dict[str, float] = {}
         try:
             # Inside the try: a reservation whose commit landed before an error is ours (we
@@ -190,14 +202,14 @@ class RebuildRun:
             seconds["build"] = time.perf_counter() - began
             self.hook("rebuild.objects_written")
             began = time.perf_counter()
-            replaced = publish_rebuild(catalog, records, mark_delete)
+            replaced = publish_rebuild(catalog, records, ack.mark_delete, ack.subscriptions)
             seconds["publish"] = time.perf_counter() - began
         except Exception as exc:
-            for note in abort_rebuild(catalog, previous_mark):
+            for note in abort_rebuild(catalog, previous.mark_delete, previous.subscriptions):
                 exc.add_note(note)
             raise
         outcome = Outcome(records, tuple(replaced), tuple(catalog.problems()), seconds)
-        self._published = (plan, mark_delete, outcome)
+        self._published = (plan, ack, outcome)
         return outcome
 
     def report(
@@ -218,7 +230,7 @@ class RebuildRun:
         """
         if self._published is None:
             raise RuntimeError("report() before a successful publish()")
-        plan, mark_delete, outcome = self._published
+        plan, ack, outcome = self._published
         return cls(
             name=self.catalog.name,
             now_ms=now_ms,
@@ -226,8 +238,9 @@ class RebuildRun:
             planned_buckets=plan.sealed,
             buckets=outcome.records,
             replaced=outcome.replaced,
-            mark_delete=mark_delete,
+            mark_delete=ack.mark_delete,
             seconds=time.perf_counter() - started,
             notes=outcome.notes,
+            subscriptions=ack.subscriptions,
             **extra,
         )

@@ -201,6 +201,15 @@ def classify(
     return _classify(ledgers, entries, times, now_ms, config, _mark(mark_delete))
 
 
+def after_mark(
+    ledgers: Int64Array, entries: Int64Array, mark: tuple[int, int] | None
+) -> BoolArray:
+    """For each position, whether it lies after ``mark`` (every position when None)."""
+    if mark is None:
+        return np.ones(len(ledgers), dtype=np.bool_)
+    return (ledgers > mark[0]) | ((ledgers == mark[0]) & (entries > mark[1]))  # type: ignore[no-any-return]
+
+
 def _classify(
     ledgers: Int64Array,
     entries: Int64Array,
@@ -212,9 +221,7 @@ def _classify(
     cutoff = cutoff_for(now_ms, config)
     delayed = times >= 0
     live = delayed & (times > cutoff)
-    mask = live
-    if mark is not None:
-        mask = live & ((ledgers > mark[0]) | ((ledgers == mark[0]) & (entries > mark[1])))
+    mask = live if mark is None else live & after_mark(ledgers, entries, mark)
     n_delayed = int(np.count_nonzero(delayed))
     n_live = int(np.count_nonzero(live))
     return Classification(

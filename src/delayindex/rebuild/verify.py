@@ -9,6 +9,13 @@ its objects and free of pending intents, and the store's orphans (objects no man
 references, older than a grace period) listed. Each :class:`Finding` has a kind from
 :data:`FINDING_KINDS`.
 
+A shared index (``subscriptions`` given) is checked per subscription: the manifest must carry
+exactly those records (and their lowest mark as its own, :mod:`delayindex.rebuild.shared`);
+then, for each subscription, the rows the dump says it still has to receive (expected, after
+its own mark) are compared with the positions the store holds after that mark, and each
+position finding names the subscription (:attr:`Finding.subscription`); a
+:class:`SubscriptionCheck` per subscription counts both sides.
+
 Invariants: it reads only and takes no lock (run it on a quiet store); the dump's arrays are
 never changed.
 """
@@ -19,7 +26,7 @@ import itertools
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -29,6 +36,7 @@ from delayindex.clock import wall_clock_ms
 from delayindex.config import TrackerConfig
 from delayindex.errors import SnapshotCorruptError, SnapshotNotFoundError, StorageError
 from delayindex.garbage import find_garbage
+from delayindex.rebuild.shared import Subscriptions, acknowledged
 from delayindex.rebuild.tracked import (
     Int64Array,
     PositionColumns,
@@ -36,10 +44,11 @@ from delayindex.rebuild.tracked import (
     _classify,
     _columns,
     _int,
+    after_mark,
     check_arguments,
 )
 from delayindex.storage.base import SnapshotStorage
-from delayindex.storage.manifest import BucketRecord, Manifest
+from delayindex.storage.manifest import BucketRecord, Manifest, SubscriptionRecord
 
 #: Kinds of :class:`Finding`, in the order reports list them.
 FINDING_KINDS: tuple[str, ...] = (
@@ -61,14 +70,28 @@ MAX_EXAMPLES = 10
 @dataclass(frozen=True)
 class Finding:
     """One problem :func:`verify_store` found: its ``kind`` (:data:`FINDING_KINDS`), a
-    message, the snapshot it concerns (if one), how many positions or objects it covers and a
-    few examples."""
+    message, the snapshot it concerns (if one), how many positions or objects it covers, a
+    few examples and, for a shared index's position findings, the subscription."""
 
     kind: str
     message: str
     snapshot_id: str | None = None
     count: int = 1
     examples: tuple[dict[str, Any], ...] = ()
+    subscription: str | None = None
+
+
+@dataclass(frozen=True)
+class SubscriptionCheck:
+    """One subscription of a shared index, as verified: its mark, the positions the dump says
+    it still has to receive (``expected``), those the store would give it (``found``), and
+    whether no position finding names it (``ok``)."""
+
+    name: str
+    mark_delete: tuple[int, int] | None
+    expected: int
+    found: int
+    ok: bool
 
 
 @dataclass(frozen=True)
@@ -78,7 +101,8 @@ class VerifyReport:
     ``expected`` positions come from the dump, ``found`` from the live buckets (after the
     manifest's mark-delete position). ``young_unreferenced`` are unreferenced objects inside the
     grace period (not findings: a writer may be about to reference them); ``dead_letters`` are
-    the name's deletes that kept failing (their objects are not part of the index).
+    the name's deletes that kept failing (their objects are not part of the index). A shared
+    index has one :class:`SubscriptionCheck` per subscription in ``subscriptions``.
     """
 
     name: str
@@ -92,6 +116,7 @@ class VerifyReport:
     young_unreferenced: tuple[str, ...] = ()
     dead_letters: tuple[str, ...] = ()
     seconds: float = 0.0
+    subscriptions: tuple[SubscriptionCheck, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -114,6 +139,8 @@ class VerifyReport:
         out = asdict(self)
         out["ok"] = self.ok
         out["counts"] = self.counts()
+        for sub in out["subscriptions"]:
+            sub["mark_delete"] = list(sub["mark_delete"]) if sub["mark_delete"] else None
         return out
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -310,18 +337,22 @@ def verify_store(
     now_ms: int,
     mark_delete: tuple[int, int] | None = None,
     orphan_grace_ms: int = DEFAULT_ORPHAN_GRACE_MS,
+    subscriptions: Subscriptions | None = None,
 ) -> VerifyReport:
     """Check index ``name`` in ``storage`` against a dump (module docs); change nothing.
 
     The expected positions are the dump's rows that :func:`tracked_mask` keeps at ``now_ms``
     with ``mark_delete``. Object ages for the orphan scan are measured on the wall clock.
+    With ``subscriptions`` (name -> mark, as the shared index was built with; not with
+    ``mark_delete``) the store is a shared index, checked per subscription (module docs).
 
     Raises:
         TypeError, ValueError: bad arguments, or a position found twice in the dump.
         StorageError: the store could not be listed.
     """
     started = time.perf_counter()
-    config, now, mark = check_arguments(name, config, now_ms, mark_delete)
+    ack = acknowledged(mark_delete, subscriptions)
+    config, now, mark = check_arguments(name, config, now_ms, ack.mark_delete)
     grace = _int(orphan_grace_ms, "orphan_grace_ms", 0)
     ledgers, entries, times = _columns(columns)
     _check_positions(ledgers, entries)
@@ -341,6 +372,14 @@ def verify_store(
                 f"the manifest's mark-delete is {manifest.mark_delete}, expected {mark}",
             )
         )
+    if manifest.subscriptions != ack.subscriptions:
+        findings.append(
+            Finding(
+                "manifest_mismatch",
+                f"the manifest's subscriptions are {_records(manifest.subscriptions)}, "
+                f"expected {_records(ack.subscriptions)}",
+            )
+        )
     records = sorted(manifest.buckets, key=lambda b: b.start_ledger)
     found = _Found()
     for k, record in enumerate(records):
@@ -352,10 +391,31 @@ def verify_store(
     ft, fl, fe = (joined(p, np.int64) for p in (found.times, found.ledgers, found.entries))
     fb = joined(found.bucket, np.intp)
     if manifest.mark_delete is not None:  # acknowledged: a reopen never delivers these
-        ml, me = manifest.mark_delete
-        live = (fl > ml) | ((fl == ml) & (fe > me))
+        live = after_mark(fl, fe, manifest.mark_delete)
         ft, fl, fe, fb = ft[live], fl[live], fe[live], fb[live]
-    findings.extend(_compare(expected, (fl, fe, ft, fb), [r.snapshot_id for r in records]))
+    ids = [r.snapshot_id for r in records]
+    checks: list[SubscriptionCheck] = []
+    if not ack.shared:
+        findings.extend(_compare(expected, (fl, fe, ft, fb), ids))
+    for sub in ack.subscriptions:  # what each subscription still has to receive
+        want = after_mark(expected[0], expected[1], sub.mark_delete)
+        have = after_mark(fl, fe, sub.mark_delete)
+        own = [
+            replace(f, subscription=sub.name,
+                    message=f"subscription {sub.name!r}: {f.message}")
+            for f in _compare(
+                tuple(column[want] for column in expected),  # type: ignore[arg-type]
+                (fl[have], fe[have], ft[have], fb[have]),
+                ids,
+            )
+        ]  # fmt: skip
+        findings.extend(own)
+        checks.append(
+            SubscriptionCheck(
+                sub.name, sub.mark_delete, int(np.count_nonzero(want)),
+                int(np.count_nonzero(have)), not own,
+            )
+        )  # fmt: skip
     garbage = find_garbage(storage, now_ms=wall_clock_ms(), grace_ms=grace, names=[name])
     findings.extend(
         Finding(
@@ -382,4 +442,12 @@ def verify_store(
         young_unreferenced=tuple(o.id for o in garbage.young),
         dead_letters=tuple(d.snapshot_id for d in manifest.dead_letters),
         seconds=time.perf_counter() - started,
+        subscriptions=tuple(checks),
     )
+
+
+def _records(records: Sequence[SubscriptionRecord]) -> str:
+    """``a@3:2, b@-`` (name and mark of each), or ``none``."""
+    return ", ".join(
+        f"{r.name}@{'{}:{}'.format(*r.mark_delete) if r.mark_delete else '-'}" for r in records
+    ) or "none"

@@ -20,8 +20,9 @@ the same offline skeleton, :class:`~delayindex.rebuild.RebuildRun`):
    snapshot with :func:`~delayindex.rebuild.build_bucket` and writes it under its reserved key
    with ``FileStorage(store).create``.
 4. **Publish** (driver, the skeleton): :func:`~delayindex.rebuild.publish_rebuild`: one manifest
-   commit makes the new buckets the name's only live ones, records ``mark_delete`` and retires
-   the old buckets.
+   commit makes the new buckets the name's only live ones, records ``mark_delete`` (for a shared
+   index, the lowest subscription mark, with every subscription's record:
+   :func:`~delayindex.rebuild.acknowledged`, as the local rebuild) and retires the old buckets.
 
 Why ``mapInArrow`` (not ``mapInPandas``): the checks take Arrow tables and numpy arrays, and
 skipping the pandas conversion cut the JVM-to-Python hand-over by about a third. No RDD is used
@@ -144,12 +145,19 @@ class DumpVerifyReport(rebuild.VerifyReport):
 
 
 def _check_args(
-    name: str, config: object, now_ms: object, mark_delete: object
-) -> tuple[TrackerConfig, int, tuple[int, int] | None]:
+    name: str,
+    config: object,
+    now_ms: object,
+    mark_delete: object,
+    subscriptions: rebuild.Subscriptions | None,
+) -> tuple[TrackerConfig, int, rebuild.Acknowledged]:
     """Validate the common arguments before anything runs (``now_ms`` None: the wall clock);
-    return config, now, mark."""
+    return config, now, and the topic mark with a shared index's subscription records
+    (:func:`~delayindex.rebuild.acknowledged`, the translation the local rebuild uses)."""
+    ack = rebuild.acknowledged(mark_delete, subscriptions)
     now = wall_clock_ms() if now_ms is None else now_ms
-    return rebuild.check_arguments(name, config, now, mark_delete)
+    config, now, _ = rebuild.check_arguments(name, config, now, ack.mark_delete)
+    return config, now, ack
 
 
 # -- progress -----------------------------------------------------------------------------------
@@ -248,6 +256,7 @@ def rebuild_dump(
     scratch: str | os.PathLike[str] | None = None,
     progress: Progress | None = None,
     crash_hook: CrashHook | None = None,
+    subscriptions: rebuild.Subscriptions | None = None,
 ) -> DumpRebuildReport:
     """Rebuild index ``name`` in the FileStorage at ``store`` from a topic dump, with Spark.
 
@@ -271,6 +280,10 @@ def rebuild_dump(
         progress: ``progress(phase, done, total)`` while the Spark jobs run.
         crash_hook: test seam: called with a step name between steps (the catalog's, plus
             ``rebuild.scanned`` and ``rebuild.objects_written``).
+        subscriptions: build a shared index: name -> mark-delete position (None: nothing
+            acknowledged); the rows after the lowest mark are kept and every subscription's
+            record is published (not with ``mark_delete``; as
+            :func:`~delayindex.rebuild.rebuild_local`).
 
     Raises:
         DumpError: unreadable dump, missing column, or (``strict``) rejected rows.
@@ -282,7 +295,8 @@ def rebuild_dump(
             (checked once per application, before the first stage).
     """
     started = time.perf_counter()
-    config, now, mark = _check_args(name, config, now_ms, mark_delete)
+    config, now, ack = _check_args(name, config, now_ms, mark_delete, subscriptions)
+    mark = ack.mark_delete
     if progress is not None and not callable(progress):
         raise TypeError("progress must be callable")
     source = _resolve_dump(dump, fmt)
@@ -319,7 +333,7 @@ def rebuild_dump(
             planning = time.perf_counter() - mark_phase
             files = [path for path, _ in scanned.scratch]
             build = build_step(spark, str(root), config, files, watch.phase)
-            steps = run.publish(plan, mark, build).seconds
+            steps = run.publish(plan, ack, build).seconds
             phases.update(plan=planning + steps["reserve"], build=steps["build"],
                           publish=steps["publish"])  # fmt: skip
     finally:
@@ -365,6 +379,7 @@ def verify_dump(
     scratch: str | os.PathLike[str] | None = None,
     orphan_grace_ms: int = rebuild.DEFAULT_ORPHAN_GRACE_MS,
     progress: Progress | None = None,
+    subscriptions: rebuild.Subscriptions | None = None,
 ) -> DumpVerifyReport:
     """Check index ``name`` in the store at ``store`` against a dump; change nothing.
 
@@ -374,8 +389,11 @@ def verify_dump(
 
     Args:
         spark: a SparkSession, or None to read the dump in this process.
-        dump, name, config, now_ms, mark_delete, strict, fmt, partitions: as for
-            :func:`rebuild_dump` (``now_ms`` and ``mark_delete`` must be the rebuild's).
+        dump, name, config, now_ms, mark_delete, strict, fmt, partitions, subscriptions: as
+            for :func:`rebuild_dump` (``now_ms``, ``mark_delete`` and ``subscriptions`` must be
+            the rebuild's); a shared index is checked per subscription (the scan keeps the rows
+            after the lowest mark, :func:`~delayindex.rebuild.verify_store` each
+            subscription's share of them).
         store: an existing FileStorage directory (read only: no lock is taken).
         scratch: the scan's scratch directory when ``spark`` is given (default: a temporary
             directory, which suits local mode; on a cluster pass a shared path).
@@ -388,7 +406,8 @@ def verify_dump(
         SparkUnavailableError: as for :func:`rebuild_dump` (``spark`` given).
     """
     started = time.perf_counter()
-    config, now, mark = _check_args(name, config, now_ms, mark_delete)
+    config, now, ack = _check_args(name, config, now_ms, mark_delete, subscriptions)
+    mark = ack.mark_delete  # the scan keeps the rows after the lowest subscription mark
     root = Path(os.fspath(store))
     if not (root / "objects").is_dir() or not (root / "manifests").is_dir():
         raise FileNotFoundError(f"no delayindex store at {root}")
@@ -422,8 +441,9 @@ def verify_dump(
             columns,
             config,
             now_ms=now,
-            mark_delete=mark,
+            mark_delete=mark_delete,
             orphan_grace_ms=orphan_grace_ms,
+            subscriptions=subscriptions,
         )
     finally:
         storage.close()
