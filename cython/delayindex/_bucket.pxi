@@ -758,6 +758,7 @@ cdef class BucketCore:
         cdef Triple* keys = NULL
         cdef Pos* buf = NULL
         cdef Py_ssize_t k, i
+        cdef int64_t ledger, entry
         cdef list out
         cdef int64_t prev = -1
         cdef object ledger_obj = None
@@ -767,12 +768,14 @@ cdef class BucketCore:
             return []
         k = self.take_due(c_max, cutoff, &keys)
         try:
-            buf = <Pos*> malloc(<size_t> (k if k > 0 else 1) * sizeof(Pos))
-            if buf == NULL:
-                raise MemoryError()
+            # Compact the keys into positions in place (a Pos is smaller than a Triple, and
+            # position i is written only after key i, the last one it overlaps, was read).
+            buf = <Pos*> keys
             for i in range(k):
-                buf[i].ledger = keys[i].ledger
-                buf[i].entry = keys[i].entry
+                ledger = keys[i].ledger
+                entry = keys[i].entry
+                buf[i].ledger = ledger
+                buf[i].entry = entry
             di_sort_pos(buf, k)
             out = [None] * k
             for i in range(k):
@@ -782,7 +785,6 @@ cdef class BucketCore:
                 out[i] = di_make_pair(Position, ledger_obj, buf[i].entry)
         finally:
             free(keys)
-            free(buf)
         return out
 
     def poll_keys(self, max_n, now) -> tuple:

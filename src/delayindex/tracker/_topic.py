@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from delayindex.model import MAX_TIME
 from delayindex.storage.catalog import Catalog
 from delayindex.storage.manifest import SubscriptionRecord
 from delayindex.tracker._bucket import Int64Array
@@ -25,13 +26,29 @@ class TopicMixin:
     _catalog: Catalog
     _core: Any
     _lock: threading.Lock
+    _queued: list[Callable[[], None]]
     _check_open: Callable[[], None]
-    _take_due: Callable[..., list[Any]]
+    _now: Callable[[], int]
+    _load: Callable[[int, int], None]
+    _after_take: Callable[[int], None]
+    _submit_queued: Callable[[], None]
 
     def _poll_keys(self, max_messages: int) -> tuple[Int64Array, Int64Array, Int64Array]:
         """:meth:`poll` as ``(times, ledgers, entries)`` arrays in selection order (for the
         shared index, which hands that one order to every subscription)."""
-        parts = self._take_due(max_messages, self._core.poll_keys, lambda keys: len(keys[0]))
+        with self._lock:
+            self._check_open()
+            now = self._now()
+            want = min(max_messages, MAX_TIME)
+            parts = [self._core.poll_keys(want, now)]
+            got = len(parts[0][0])
+            while self._core.load_needed >= 0 and got < want:  # as DelayIndex.poll
+                self._load(self._core.load_needed, now)
+                parts.append(self._core.poll_keys(want - got, now))
+                got += len(parts[-1][0])
+            self._after_take(now)
+        if self._queued:
+            self._submit_queued()
         if len(parts) == 1:
             return parts[0]  # type: ignore[no-any-return]
         # A load only adds keys after the placeholder that asked for it: parts stay in order.

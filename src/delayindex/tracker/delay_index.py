@@ -454,37 +454,35 @@ class DelayIndex(
         sorted by position. Loads a bucket's next segment when its placeholder comes due; if
         that load fails, the positions before it are returned and the next call retries.
         """
-        parts = self._take_due(as_count(max_messages), self._core.poll, len)
-        if len(parts) == 1:
-            return parts[0]  # type: ignore[no-any-return]
-        out: list[Position] = [pos for part in parts for pos in part]
-        out.sort()
-        return out
-
-    def _take_due(
-        self, max_messages: int, take: Callable[[int, int], Any], size: Callable[[Any], int]
-    ) -> list[Any]:
+        max_messages = as_count(max_messages)
         with self._lock:
             self._check_open()
             now = self._now()
             want = min(max_messages, MAX_TIME)
-            parts = [take(want, now)]
-            got = size(parts[0])
+            out: list[Position] = self._core.poll(want, now)
+            extra: list[Position] = []
             # Each load reads the segment, quarantines a damaged bucket or moves a failing
             # one's placeholder past the cutoff: the loop always ends, and no bucket holds the
             # others back.
-            while self._core.load_needed >= 0 and got < want:
+            while self._core.load_needed >= 0 and len(out) + len(extra) < want:
                 self._load(self._core.load_needed, now)
-                parts.append(take(want - got, now))
-                got += size(parts[-1])
-            for sid in self._core.take_exhausted():
-                self._exhaust(sid)
-            if self._catalog.manifest.intents or self._deferred_at <= now:
-                self._maybe_retry_failures(now)
-            self._rearm(now)
+                extra.extend(self._core.poll(want - len(out) - len(extra), now))
+            self._after_take(now)
         if self._queued:
             self._submit_queued()
-        return parts
+        if extra:
+            out.extend(extra)
+            out.sort()
+        return out
+
+    def _after_take(self, now: int) -> None:
+        """After positions were taken (under the lock): retire exhausted buckets, retry what
+        waits for its backoff, re-arm the timer."""
+        for sid in self._core.take_exhausted():
+            self._exhaust(sid)
+        if self._catalog.manifest.intents or self._deferred_at <= now:
+            self._maybe_retry_failures(now)
+        self._rearm(now)
 
     def next_delivery_time(self) -> int | None:
         """Smallest ``deliver_at`` among loaded indexes (and next-segment minimums), or None."""
