@@ -264,6 +264,7 @@ def test_refusals_change_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert main([*argv, *extra]) == EXIT_CHECK_FAILED, extra
         assert why in capsys.readouterr().out
     assert "orders" not in FileStorage(tmp_path).list_manifests()
+    assert not FileStorage(tmp_path).lock_path("nope").exists()
     with Catalog.open(FileStorage(tmp_path), "orders-sub2"):  # a dispatcher still runs
         assert main([*argv, "--to", "orders"]) == EXIT_STORE_ERROR
     assert "locked" in capsys.readouterr().err

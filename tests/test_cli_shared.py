@@ -181,6 +181,22 @@ def test_clear_one_subscription_releases_what_only_it_needed(
     out = capsys.readouterr().out
     assert "dropped subscription b of shared index topic (its mark was 6:1)" in out
     assert "remaining subscriptions: none" in out
+    assert "no subscription is left" not in out  # b had received everything: nothing is left
+
+
+def test_dropping_the_last_subscription_says_what_the_topic_still_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    build_shared(tmp_path)
+    for sub in ("b", "a"):
+        assert main(["clear", str(tmp_path), "topic", "--subscription", sub]) == EXIT_OK
+    out = capsys.readouterr().out
+    held = len(FileStorage(tmp_path).read_manifest("topic").buckets)
+    assert held > 0
+    assert f"no subscription is left: topic still holds {held} bucket(s)" in out
+    assert main(["clear", str(tmp_path), "topic"]) == EXIT_OK  # the hint's command
+    assert "cleared index topic" in capsys.readouterr().out
+    assert FileStorage(tmp_path).list_objects() == []
 
 
 def test_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

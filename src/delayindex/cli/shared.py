@@ -225,12 +225,18 @@ def _clear_lines(done: dict[str, Any]) -> list[str]:
         return lines
     sub = done["subscription"]
     left = ", ".join(after["subscriptions"]) or "none"
-    return [
+    lines = [
         f"dropped subscription {sub} of shared index {done['name']} (its mark was "
         f"{_mark_text(before['subscriptions'][sub])})",
         f"  {marks} (the lowest of the remaining subscriptions: {left})",
         f"  released what only it still needed: {freed}",
     ]
+    if not after["subscriptions"] and after["buckets"]:
+        lines.append(
+            f"  no subscription is left: {done['name']} still holds {after['buckets']} "
+            f"bucket(s); `delayindex clear STORE {done['name']}` drops them"
+        )
+    return lines
 
 
 def _pending_problem(done: dict[str, Any]) -> str | None:

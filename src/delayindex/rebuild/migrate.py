@@ -320,6 +320,10 @@ def build_shared(
         raise MigrationError("each subscription needs its own old index")
     if topic in names:
         raise MigrationError(f"{topic} is one of the old indexes: choose a new name")
+    known = set(storage.list_manifests())
+    for sub, name in sorted(sources.items()):
+        if name not in known:  # before any lock: no lock file for a name that does not exist
+            raise MigrationError(f"no index named {name!r} (subscription {sub!r})")
     check_topic(storage, topic, list(sources))
     with holding(storage, names):
         cutoff = cutoff_for(now_ms, config)

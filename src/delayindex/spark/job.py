@@ -145,19 +145,12 @@ class DumpVerifyReport(rebuild.VerifyReport):
 
 
 def _check_args(
-    name: str,
-    config: object,
-    now_ms: object,
-    mark_delete: object,
-    subscriptions: rebuild.Subscriptions | None,
-) -> tuple[TrackerConfig, int, rebuild.Acknowledged]:
+    name: str, config: object, now_ms: object, mark_delete: object
+) -> tuple[TrackerConfig, int, tuple[int, int] | None]:
     """Validate the common arguments before anything runs (``now_ms`` None: the wall clock);
-    return config, now, and the topic mark with a shared index's subscription records
-    (:func:`~delayindex.rebuild.acknowledged`, the translation the local rebuild uses)."""
-    ack = rebuild.acknowledged(mark_delete, subscriptions)
+    return config, now, mark."""
     now = wall_clock_ms() if now_ms is None else now_ms
-    config, now, _ = rebuild.check_arguments(name, config, now, ack.mark_delete)
-    return config, now, ack
+    return rebuild.check_arguments(name, config, now, mark_delete)
 
 
 # -- progress -----------------------------------------------------------------------------------
@@ -295,8 +288,8 @@ def rebuild_dump(
             (checked once per application, before the first stage).
     """
     started = time.perf_counter()
-    config, now, ack = _check_args(name, config, now_ms, mark_delete, subscriptions)
-    mark = ack.mark_delete
+    ack = rebuild.acknowledged(mark_delete, subscriptions)  # as the local rebuild
+    config, now, mark = _check_args(name, config, now_ms, ack.mark_delete)
     if progress is not None and not callable(progress):
         raise TypeError("progress must be callable")
     source = _resolve_dump(dump, fmt)
@@ -406,8 +399,9 @@ def verify_dump(
         SparkUnavailableError: as for :func:`rebuild_dump` (``spark`` given).
     """
     started = time.perf_counter()
-    config, now, ack = _check_args(name, config, now_ms, mark_delete, subscriptions)
-    mark = ack.mark_delete  # the scan keeps the rows after the lowest subscription mark
+    ack = rebuild.acknowledged(mark_delete, subscriptions)
+    # The scan keeps the rows after the lowest subscription mark; verify_store each one's share.
+    config, now, mark = _check_args(name, config, now_ms, ack.mark_delete)
     root = Path(os.fspath(store))
     if not (root / "objects").is_dir() or not (root / "manifests").is_dir():
         raise FileNotFoundError(f"no delayindex store at {root}")
