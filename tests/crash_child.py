@@ -163,6 +163,14 @@ def _is_driver(filename: str) -> bool:
     return base in _DRIVER_FILES and os.path.basename(head) == "tracker"
 
 
+def _is_catalog(filename: str) -> bool:
+    """Whether ``filename`` holds Catalog's methods: ``storage/catalog.py`` or one of its mixin
+    modules (``storage/_catalog_*.py``)."""
+    head, base = os.path.split(filename)
+    in_storage = os.path.basename(head) == "storage"
+    return in_storage and (base == "catalog.py" or base.startswith("_catalog_"))
+
+
 def _where(frame: FrameType | None) -> tuple[str, FrameType | None, str]:
     """Where a storage step comes from: ``(job, entry, helper)``.
 
@@ -176,7 +184,7 @@ def _where(frame: FrameType | None) -> tuple[str, FrameType | None, str]:
     while frame is not None and not job:
         code = frame.f_code
         name = code.co_name
-        if code.co_filename.endswith("catalog.py"):
+        if _is_catalog(code.co_filename):
             if not name.startswith("_"):
                 entry = frame
             elif not helper and name != "_commit":
