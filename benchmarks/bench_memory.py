@@ -39,22 +39,14 @@ Run::
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 from baselines import RedisZsetTracker, delayed_subset
-from support import KIND_LABELS, record, size_label
+from support import KIND_LABELS, record, run_probe, size_label
 
 import delayindex
 from delayindex import ManualClock
-
-BENCH_DIR = Path(__file__).resolve().parent
-SRC_DIR = Path(delayindex.__file__).resolve().parent.parent
 
 PROBE_CODE = "import sys, baselines; baselines.probe_main(sys.argv[1:])"
 #: Probe variant -> (kind, label).
@@ -69,33 +61,8 @@ VARIANTS: dict[str, tuple[str, str]] = {
 }
 
 
-def _probe_env(pure: bool) -> dict[str, str]:
-    env = dict(os.environ)
-    paths = [str(SRC_DIR), str(BENCH_DIR)]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    if pure:
-        env["DELAYINDEX_NO_EXTENSIONS"] = "1"
-    return env
-
-
 def _run_probe(variant: str, n: int) -> dict[str, Any]:
-    completed = subprocess.run(
-        [sys.executable, "-c", PROBE_CODE, variant, str(n)],
-        env=_probe_env("-pure" in variant),
-        cwd=BENCH_DIR,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        check=False,
-    )
-    if completed.returncode != 0:
-        raise AssertionError(
-            f"memory probe {variant} failed ({completed.returncode}):\n{completed.stderr}"
-        )
-    result: dict[str, Any] = json.loads(completed.stdout.strip().splitlines()[-1])
-    return result
+    return run_probe(PROBE_CODE, [variant, str(n)], pure="-pure" in variant)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

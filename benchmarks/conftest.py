@@ -560,6 +560,16 @@ def _group_sort_key(group: str) -> tuple[str, int]:
         return group, 0
 
 
+#: bench_shared.py's ratios (extra_info key -> what the summary calls it).
+_SHARED_RATIOS = {
+    "memory_vs_one": "held/one DelayIndex",
+    "drain_peak_vs_one": "drain peak/one DelayIndex",
+    "disk_vs_one": "disk/one DelayIndex",
+    "drain_peak_vs_running": "drain peak/without the stopped one",
+    "drained_vs_running": "drained/without the stopped one",
+}
+
+
 def _notes(bench: dict[str, Any], *first: str) -> str:
     """The group-specific figures of a record, for the summary."""
     info = bench["extra_info"]
@@ -572,6 +582,13 @@ def _notes(bench: dict[str, Any], *first: str) -> str:
         parts.append(f"longest add {info['max_add_ms']:.1f} ms, p99.99 {info['p9999_add_ms']} ms")
     if "reported_bytes_per_msg" in info:
         parts.append(f"memory_usage_bytes {info['reported_bytes_per_msg']:.1f} B/msg")
+    if "drain_peak_bytes_per_msg" in info:
+        parts.append(f"drain peak {info['drain_peak_bytes_per_msg']:.1f} B/msg")
+    for key, what in _SHARED_RATIOS.items():
+        if info.get(key) is not None:
+            parts.append(f"{what} x{info[key]:.2f}")
+    if "per_sub_msgs_per_s" in info:
+        parts.append(f"{info['per_sub_msgs_per_s'] / 1e6:.2f} M msg/s per subscription")
     if "slowdown_injected" in info:
         parts.append(f"SLOWED x{info['slowdown_injected']}")
     return f" ({'; '.join(parts)})" if parts else ""

@@ -12,7 +12,7 @@ a line on stderr says why it was skipped):
 
 ``memory_per_msg.png``
     Resident bytes per tracked message against N (log-log), one line per structure, from every
-    record with ``extra_info["rss_bytes_per_msg"]`` (the ``memory-<n>`` groups). The memory group
+    record of a ``memory-<n>`` group with ``extra_info["rss_bytes_per_msg"]``. The memory group
     measures only the largest ``--bench-sizes`` of a run, so a curve needs one run per size.
 ``throughput.png``
     Grouped bars, msg/s on a log axis: one group of bars per tracker operation (``add``,
@@ -178,6 +178,8 @@ def memory_series(records: Sequence[Record]) -> dict[str, list[tuple[int, float]
     """
     points: dict[str, dict[int, float]] = {}
     for record in records:
+        if not record.group.startswith("memory-"):
+            continue  # shared-memory-<n> and the like measure other set-ups
         value = record.extra_info.get("rss_bytes_per_msg")
         if record.size is None or not isinstance(value, int | float) or isinstance(value, bool):
             continue

@@ -12,9 +12,10 @@ other) and ``conftest.py`` share it.
 * **Kinds** name the structure measured by a benchmark record (``extra_info["kind"]``):
   ``delay_index``, ``in_memory``, their ``-pure`` twins (the pure-Python build in this process,
   see :func:`pure_build`), the baselines ``heapq`` (heapq + set), ``sortedlist`` (SortedList +
-  set) and ``redis`` (a Redis ZSET with pipelining), and for the heap group ``triple_heap`` and
-  ``triple_heap-pure``. The ``heapq`` record of each group is the reference of the group's
-  ratios (summary, regression gate, ``delayindex bench``).
+  set) and ``redis`` (a Redis ZSET with pipelining), for the heap group ``triple_heap`` and
+  ``triple_heap-pure``, and ``shared`` (SharedDelayIndex, ``bench_shared.py``). The ``heapq``
+  record of each group is the reference of the group's ratios (summary, regression gate,
+  ``delayindex bench``); the shared-index groups have none (see ``bench_shared.py``).
 * **Records**: every benchmark calls :func:`record` (``group``, ``label``, ``kind``, ``size``)
   and, where it measures a message rate, :func:`record_rate` (``msgs_per_s`` from the best
   round). Memory groups store ``rss_bytes_per_msg``, codec groups ``bytes_per_index``.
@@ -26,12 +27,16 @@ other) and ``conftest.py`` share it.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import wraps
+from pathlib import Path
 from typing import Any, TypeVar
 
 from delayindex import _impl
@@ -40,6 +45,8 @@ from delayindex._pure import codec as pure_codec
 F = TypeVar("F", bound=Callable[..., Any])
 
 SLOWDOWN_ENV = "DELAYINDEX_BENCH_SLOWDOWN"
+BENCH_DIR = Path(__file__).resolve().parent
+SRC_DIR = Path(_impl.__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,7 @@ KIND_LABELS: dict[str, str] = {
     "redis": "Redis ZSET (pipelined)",
     "triple_heap": "TripleHeap",
     "triple_heap-pure": "TripleHeap (pure)",
+    "shared": "SharedDelayIndex",
 }
 REFERENCE_KIND = "heapq"
 #: The tracker kinds, in report order.
@@ -210,3 +218,38 @@ def pure_build() -> Iterator[None]:
     finally:
         for name, value in saved.items():
             setattr(_impl, name, value)
+
+
+# -- probes in a fresh interpreter -------------------------------------------------------------
+
+
+def run_probe(code: str, args: Sequence[str], *, pure: bool = False) -> dict[str, Any]:
+    """Run ``python -c CODE ARGS...`` in this directory and return the JSON object on its last
+    line of output. The environment is this process's with ``src`` and this directory put
+    first on ``PYTHONPATH`` (and ``DELAYINDEX_NO_EXTENSIONS=1`` when ``pure``), so the probe
+    imports the same package and the suite's helper modules.
+
+    Raises:
+        AssertionError: the probe failed (its stderr is in the message).
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(SRC_DIR), str(BENCH_DIR), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    if pure:
+        env["DELAYINDEX_NO_EXTENSIONS"] = "1"
+    completed = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        cwd=BENCH_DIR,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
+    if completed.returncode != 0:
+        raise AssertionError(
+            f"probe {' '.join(args)} failed ({completed.returncode}):\n{completed.stderr}"
+        )
+    result: dict[str, Any] = json.loads(completed.stdout.strip().splitlines()[-1])
+    return result

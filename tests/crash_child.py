@@ -43,7 +43,7 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import FrameType
 
@@ -163,6 +163,14 @@ def _is_driver(filename: str) -> bool:
     return base in _DRIVER_FILES and os.path.basename(head) == "tracker"
 
 
+def _is_catalog(filename: str) -> bool:
+    """Whether ``filename`` holds Catalog's methods: ``storage/catalog.py`` or one of its mixin
+    modules (``storage/_catalog_*.py``)."""
+    head, base = os.path.split(filename)
+    in_storage = os.path.basename(head) == "storage"
+    return in_storage and (base == "catalog.py" or base.startswith("_catalog_"))
+
+
 def _where(frame: FrameType | None) -> tuple[str, FrameType | None, str]:
     """Where a storage step comes from: ``(job, entry, helper)``.
 
@@ -176,7 +184,7 @@ def _where(frame: FrameType | None) -> tuple[str, FrameType | None, str]:
     while frame is not None and not job:
         code = frame.f_code
         name = code.co_name
-        if code.co_filename.endswith("catalog.py"):
+        if _is_catalog(code.co_filename):
             if not name.startswith("_"):
                 entry = frame
             elif not helper and name != "_commit":
@@ -329,29 +337,38 @@ class Dispatcher:
         os._exit(EXIT_MODEL_MISMATCH)
 
 
+def begin(store: str, hook: StepHook) -> tuple[ManualClock, ManualExecutor, FileStorage]:
+    """A run's clock, background executor and step-hooked storage; journals the build."""
+    hook.journal.write("I", ("native" if NATIVE else "pure",))
+    return ManualClock(START_MS), ManualExecutor(), FileStorage(store, step_hook=hook)
+
+
+def publish_windows(msgs: Messages) -> list[tuple[int, int]]:
+    """``(end, stop)`` per publish-time window: when it ends (the clock then) and one past the
+    last message published before that."""
+    count = (int(msgs.publish[-1]) - START_MS) // WINDOW_MS + 1
+    ends = [START_MS + (w + 1) * WINDOW_MS for w in range(count)]
+    return [(end, int(np.searchsorted(msgs.publish, end, side="left"))) for end in ends]
+
+
 def run(store: str, messages: int, seed: int, hook: StepHook) -> None:
     """The whole simulation (see the module docstring)."""
     msgs = workload(messages, seed)
     journal = hook.journal
-    clock = ManualClock(START_MS)
-    executor = ManualExecutor()
-    storage = FileStorage(store, step_hook=hook)
+    clock, executor, storage = begin(store, hook)
     index = DelayIndex.open(storage, NAME, CONFIG, clock=clock, executor=executor)
     hook.index = index
-    journal.write("I", ("native" if NATIVE else "pure",))
     dispatcher = Dispatcher(index, clock, msgs, journal)
     dispatcher.set_clock(START_MS)
-    last_publish = int(msgs.publish[-1])
-    windows = (last_publish - START_MS) // WINDOW_MS + 1
-    for w in range(windows):
-        end = START_MS + (w + 1) * WINDOW_MS
+    windows = publish_windows(msgs)
+    for w, (end, stop) in enumerate(windows):
         dispatcher.set_clock(end)
-        dispatcher.add(int(np.searchsorted(msgs.publish, end, side="left")))
+        dispatcher.add(stop)
         if w % RUN_JOBS_EVERY == RUN_JOBS_EVERY - 1:
             executor.run_pending()
         dispatcher.poll()
         dispatcher.acknowledge()
-        if w == int(windows * CLEAR_AT):
+        if w == int(len(windows) * CLEAR_AT):
             dispatcher.rewind()
         elif w % FLUSH_EVERY == FLUSH_EVERY - 1:
             dispatcher.checkpoint()
@@ -367,9 +384,14 @@ def run(store: str, messages: int, seed: int, hook: StepHook) -> None:
     journal.write("E")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse the arguments and run."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(
+    argv: list[str] | None = None,
+    simulation: Callable[[str, int, int, StepHook], None] | None = None,
+    doc: str | None = None,
+) -> int:
+    """Parse the arguments and run ``simulation`` (default :func:`run`; ``crash_child_shared``
+    passes its own, and its module docstring as ``doc``)."""
+    parser = argparse.ArgumentParser(description=(doc or __doc__).split("\n\n")[0])
     parser.add_argument("store")
     parser.add_argument("journal")
     parser.add_argument("--messages", type=int, default=MESSAGES)
@@ -380,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     journal = Journal(args.journal)
     hook = StepHook(journal, args.crash_at, args.kill, args.expect_label)
-    run(args.store, args.messages, args.seed, hook)
+    (simulation or run)(args.store, args.messages, args.seed, hook)
     return 0
 
 

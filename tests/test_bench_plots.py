@@ -204,6 +204,8 @@ def test_memory_series_sorted_and_later_file_wins(tmp_path: Path) -> None:
             memory("1e6", "DelayIndex add_many", 14.0),
             memory("1e7", "InMemoryTracker add", 27.0),
             bench("memory-1e7", "x", 1.0, {"label": "no figure"}),
+            # another set-up's resident memory (bench_shared.py): not a line of this figure
+            bench("shared-memory-1e6", "y", 1.0, {"label": "Shared", "rss_bytes_per_msg": 9.0}),
         ],
     )
     series = plots.memory_series(plots.load_runs([first, second]))

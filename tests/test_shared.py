@@ -15,7 +15,8 @@ from delayindex import (
     TrackerClosedError,
     TrackerConfig,
 )
-from delayindex.executors import InlineExecutor
+from delayindex.executors import InlineExecutor, ManualExecutor
+from delayindex.storage.manifest import SubscriptionRecord
 
 T0 = 1_000_000
 TINY = TrackerConfig(
@@ -142,6 +143,63 @@ def test_clear_resets_every_subscription_and_survives_a_reopen() -> None:
         assert shared.add(1, 0, T0 + 50_000)  # the rewind: below the old mark, tracked again
     with _open(storage, clock) as shared:
         assert shared.subscribe("a").mark_delete is None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="SharedDelayIndex.clear() resets the subscriptions' marks only after the topic's "
+    "clear() has committed, and that commit carries the old noted records: the pre-clear marks "
+    "become durable, and a crash before the next commit brings them back after the rewind",
+)
+def test_a_clear_is_durable_for_the_subscriptions_too(tmp_path: object) -> None:
+    """DelayIndex.clear() persists its mark reset at once ("an old mark must not return"); a
+    crash right after SharedDelayIndex.clear() must not bring a subscription's old mark back,
+    or it never receives what the rewind re-adds at or below that mark."""
+    clock = ManualClock(T0)
+    storage = FileStorage(tmp_path)  # type: ignore[arg-type]
+    shared = _open(storage, clock)
+    a = shared.subscribe("a")
+    _fill(shared, range(1, 8), offset=10_000)
+    a.set_mark_delete(4, 2)
+    shared.clear()
+    assert shared.add(3, 0, T0 + 50_000)  # the rewind re-adds below the old mark
+    storage.close()  # the process dies: the index is never closed, the lock goes with it
+    with _open(FileStorage(tmp_path), clock) as reopened:  # type: ignore[arg-type]
+        a = reopened.subscribe("a")
+        assert reopened.add(3, 0, T0 + 50_000)  # the dispatcher's replay
+        assert a.mark_delete is None
+        clock.advance(100_000)
+        assert _pairs(a.poll(10)) == [(3, 0)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a topic commit that lands between set_mark_delete's noting of the subscription "
+    "records and its move of the topic's mark (a background persist, with a threaded executor) "
+    "stores a topic mark below the lowest subscription mark; after a crash, the reopened index "
+    "breaks the invariant topic mark == lowest subscription mark",
+)
+def test_a_commit_between_the_two_notes_keeps_the_topic_mark_the_lowest(tmp_path: object) -> None:
+    clock = ManualClock(T0)
+    storage = FileStorage(tmp_path)  # type: ignore[arg-type]
+    executor = ManualExecutor()
+    shared = SharedDelayIndex.open(storage, "topic", TINY, clock=clock, executor=executor)
+    a = shared.subscribe("a")
+    _fill(shared, range(1, 10), offset=10_000)  # seals queued for the background
+    note = shared._topic._note_subscriptions
+
+    def note_then_persist(records: tuple[SubscriptionRecord, ...]) -> None:
+        note(records)
+        executor.run_pending()  # the background thread's turn comes right now
+
+    shared._topic._note_subscriptions = note_then_persist  # type: ignore[method-assign]
+    a.set_mark_delete(4, 2)
+    stored = storage.read_manifest("topic")
+    assert stored.subscriptions == (SubscriptionRecord("a", (4, 2)),)  # the commit landed
+    storage.close()  # the process dies
+    with _open(FileStorage(tmp_path), clock) as reopened:  # type: ignore[arg-type]
+        assert reopened.subscribe("a").mark_delete == (4, 2)
+        reopened._check()
 
 
 def test_bad_names_and_closed_views() -> None:
