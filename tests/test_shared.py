@@ -145,12 +145,6 @@ def test_clear_resets_every_subscription_and_survives_a_reopen() -> None:
         assert shared.subscribe("a").mark_delete is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SharedDelayIndex.clear() resets the subscriptions' marks only after the topic's "
-    "clear() has committed, and that commit carries the old noted records: the pre-clear marks "
-    "become durable, and a crash before the next commit brings them back after the rewind",
-)
 def test_a_clear_is_durable_for_the_subscriptions_too(tmp_path: object) -> None:
     """DelayIndex.clear() persists its mark reset at once ("an old mark must not return"); a
     crash right after SharedDelayIndex.clear() must not bring a subscription's old mark back,
@@ -172,13 +166,6 @@ def test_a_clear_is_durable_for_the_subscriptions_too(tmp_path: object) -> None:
         assert _pairs(a.poll(10)) == [(3, 0)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a topic commit that lands between set_mark_delete's noting of the subscription "
-    "records and its move of the topic's mark (a background persist, with a threaded executor) "
-    "stores a topic mark below the lowest subscription mark; after a crash, the reopened index "
-    "breaks the invariant topic mark == lowest subscription mark",
-)
 def test_a_commit_between_the_two_notes_keeps_the_topic_mark_the_lowest(tmp_path: object) -> None:
     clock = ManualClock(T0)
     storage = FileStorage(tmp_path)  # type: ignore[arg-type]

@@ -109,6 +109,9 @@ class SharedDelayIndex:
         for record in topic._stored_subscriptions():  # the subscriptions survive a restart
             shared._subs[record.name] = _SubState(record.name, 0, record.mark_delete)
             shared._views[record.name] = Subscription(shared, record.name)
+        # A commit may have landed between a subscription's new mark and the topic's: the
+        # topic's mark moves up to the lowest subscription mark again.
+        shared._after_progress()
         return shared
 
     # -- subscriptions ---------------------------------------------------------------------------
@@ -486,12 +489,14 @@ class SharedDelayIndex:
         subscriptions stay subscribed."""
         with self._lock:
             self._check_open()
-            self._topic.clear()
             self._log.clear()
             self._private_count.clear()
             for name in self._subs:
                 self._subs[name] = _SubState(name, self._log.end, None)
+            # Noted first: the topic's clear commits at once, and that commit must carry the
+            # reset marks (an old mark must not come back after a crash).
             self._note()
+            self._topic.clear()
 
     def close(self) -> None:
         """Close the topic index (idempotent); the subscriptions' views close with it.
