@@ -210,8 +210,10 @@ class SharedDelayIndex:
 
     def _held_max_ledger(self) -> int:
         """No held position has a larger ledger (-1: nothing held)."""
-        private = max((led for led, _ in self._private_count), default=-1)
-        return max(self._log.max_ledger if len(self._log) else -1, private)
+        held = self._log.max_ledger if len(self._log) else -1
+        if self._private_count:  # rare (re-adds of held positions): off the usual add path
+            held = max(held, max(led for led, _ in self._private_count))
+        return held
 
     def _maybe_held(self, ledger_id: object) -> bool:
         """Cheap pre-check for :meth:`add`: a ledger newer than every held one is not held."""
