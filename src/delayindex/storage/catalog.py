@@ -318,8 +318,9 @@ class Catalog(CreatesMixin, BatchMixin, DeletesMixin, QuarantineMixin):
         with self._mutex:
             self._check_open()
             self._noted.update(state)
-            if self._with_noted(self._manifest) != self._manifest:
-                self._manifest = self._with_noted(self._manifest)
+            noted = self._with_noted(self._manifest)
+            if noted is not self._manifest:
+                self._manifest = noted
                 self._mark_dirty = True
 
     def _with_noted(self, manifest: Manifest) -> Manifest:
