@@ -224,7 +224,7 @@ def test_a_stopped_subscription_spills_to_disk_instead_of_holding_memory() -> No
         assert len(got_a) == 5000 and len(a) == 0
         stats = shared.stats()
         assert stats["due_log"] == 5000 and stats["due_log_spilled"] >= 4800
-        assert len(shared._log.index) <= 200  # the in-memory part stays near the budget
+        assert len(shared._log.memory) <= 200  # the in-memory part stays near the budget
         # The stopped subscription still sees all of it, exactly.
         assert len(stopped) == 5000 and len(shared) == 5000
         assert stopped.contains(7, 42) and not a.contains(7, 42)

@@ -5,19 +5,22 @@ ledger_id, entry_id)`` selection order and appends them here as chunks of three 
 Every key gets a sequence number (``seq``), its place in that one global order; a subscription's
 progress is the ``seq`` of the next key it has not read. Chunks wholly before the slowest
 subscription's ``seq`` are dropped (:meth:`DueLog.trim`), so the log holds only the keys some
-subscription still has to read. ``index`` maps each position of an in-memory chunk to its
-``seq``, so that ``contains`` and a re-add find it without a scan.
+subscription still has to read. ``memory`` is the set of positions of the in-memory chunks (a
+compact bitmap, not a dict: a position's ``seq`` is found by a vectorized scan of the chunks
+from the reader's ``seq`` on, which only a position actually in the log costs).
 
 Spill. A slow or stopped subscription must not hold the topic's memory: once the in-memory
 chunks hold more than ``memory_keys`` keys, the oldest are written to anonymous temporary files
 (deleted by the OS even after a crash, so they can never become garbage) and leave memory; only a
 compact bitmap of their positions (``spilled``, one bit per entry in dense ledgers) stays, and
-their columns are read back when a subscription reaches them. The spill files together hold what
-the slowest reader has not read (a file goes once every reader is past it).
+their columns are read back when a subscription reaches them. Consecutive spilled chunks of one
+file are joined (up to :data:`SPILL_CHUNK_KEYS` keys), so a stopped reader costs a few bytes per
+spilled position (its bit) and almost nothing per chunk. The spill files together hold what the
+slowest reader has not read (a file goes once every reader is past it).
 
 Invariants (:meth:`DueLog._check`): chunks are contiguous (each starts where the previous one
 ends), non-empty and in selection order, spilled ones before in-memory ones; ``start <= end``;
-``index`` holds exactly the positions of the in-memory chunks and ``spilled`` those of the
+``memory`` holds exactly the positions of the in-memory chunks and ``spilled`` those of the
 spilled ones (a position is in the log at most once).
 """
 
@@ -39,6 +42,10 @@ Int64Array = npt.NDArray[np.int64]
 _EMPTY: Int64Array = np.empty(0, dtype=np.int64)
 #: A spill file takes chunks until it holds this many keys (24 bytes each).
 SPILL_FILE_KEYS = 1 << 20
+#: Consecutive spilled chunks are joined up to this many keys (one read brings 24 bytes per key).
+SPILL_CHUNK_KEYS = 1 << 16
+#: A trim compacts the in-memory bitmap's emptied ledgers every this many trims.
+_COMPACT_EVERY = 64
 
 
 @dataclass
@@ -67,7 +74,8 @@ class _SpillFile:
 
     def write(self, columns: tuple[Int64Array, Int64Array, Int64Array]) -> int:
         offset = self.keys * 24
-        data = b"".join(np.ascontiguousarray(c, dtype="<i8").tobytes() for c in columns)
+        # One 24-byte record per key, so consecutive writes read back as one joined chunk.
+        data = np.stack(columns, axis=1).astype("<i8", copy=False).tobytes()
         os.pwrite(self.file.fileno(), data, offset)
         self.keys += len(columns[0])
         self.live_chunks += 1
@@ -77,7 +85,7 @@ class _SpillFile:
         data = os.pread(self.file.fileno(), size * 24, offset)
         if len(data) != size * 24:
             raise OSError(f"due-log spill file: short read ({len(data)} of {size * 24} bytes)")
-        table = np.frombuffer(data, dtype="<i8").astype(np.int64).reshape(3, size)
+        table = np.frombuffer(data, dtype="<i8").reshape(size, 3).T.astype(np.int64, order="C")
         return table[0], table[1], table[2]
 
 
@@ -95,7 +103,10 @@ class DueLog:
         self._first_memory = 0  # index of the first in-memory chunk
         self._spill: _SpillFile | None = None  # the file new spills go to
         self._cache: tuple[int, tuple[Int64Array, Int64Array, Int64Array]] | None = None
-        self.index: dict[tuple[int, int], int] = {}
+        self._trims = 0
+        #: Positions of the in-memory chunks.
+        self.memory: Any = _impl.LedgerIndex()
+        #: Positions of the spilled chunks.
         self.spilled: Any = _impl.LedgerIndex()
         #: No kept key has a larger ledger (a bound: it does not shrink when keys go).
         self.max_ledger = -1
@@ -127,8 +138,14 @@ class DueLog:
 
     @property
     def nbytes(self) -> int:
-        """Resident bytes: in-memory columns, the position index (estimated) and the bitmap."""
-        return self._in_memory * 24 + 120 * len(self.index) + int(self.spilled.memory_bytes())
+        """Resident bytes: in-memory columns, both position bitmaps and the chunk records
+        (estimated at 160 bytes each)."""
+        return (
+            self._in_memory * 24
+            + int(self.memory.memory_bytes())
+            + int(self.spilled.memory_bytes())
+            + 160 * len(self._chunks)
+        )
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -140,10 +157,9 @@ class DueLog:
         self.max_ledger = max(self.max_ledger, int(ledgers.max()))
         self._chunks.append(chunk)
         self._bases.append(chunk.base)
-        self.index.update(
-            zip(zip(ledgers.tolist(), entries.tolist(), strict=True),
-                range(chunk.base, chunk.end), strict=True)
-        )  # fmt: skip
+        add = self.memory.add
+        for pos in zip(ledgers.tolist(), entries.tolist(), strict=True):
+            add(*pos)
         self._end = chunk.end
         self._in_memory += chunk.size
         while self._in_memory > self.memory_keys and self._first_memory < len(self._chunks) - 1:
@@ -154,14 +170,28 @@ class DueLog:
         assert chunk.columns is not None
         if self._spill is None or self._spill.keys >= SPILL_FILE_KEYS:
             self._spill = _SpillFile(self._spill_dir)
-        chunk.offset = self._spill.write(chunk.columns)
-        chunk.spill = self._spill
+        offset = self._spill.write(chunk.columns)
         _, ledgers, entries = chunk.columns
+        discard, add = self.memory.discard, self.spilled.add
         for pos in zip(ledgers.tolist(), entries.tolist(), strict=True):
-            del self.index[pos]
-            self.spilled.add(*pos)
-        chunk.columns = None
+            discard(*pos)
+            add(*pos)
         self._in_memory -= chunk.size
+        previous = self._chunks[self._first_memory - 1] if self._first_memory else None
+        if (
+            previous is not None
+            and previous.spill is self._spill
+            and previous.offset + previous.size * 24 == offset
+            and previous.size + chunk.size <= SPILL_CHUNK_KEYS
+        ):  # join: the chunk's keys follow the previous spilled chunk's in the same file
+            self._spill.live_chunks -= 1
+            previous.size += chunk.size
+            if self._cache is not None and self._cache[0] == previous.base:
+                self._cache = None
+            del self._chunks[self._first_memory]
+            del self._bases[self._first_memory]
+            return
+        chunk.offset, chunk.spill, chunk.columns = offset, self._spill, None
         self._first_memory += 1
 
     # -- reading ---------------------------------------------------------------------------------
@@ -213,43 +243,55 @@ class DueLog:
             for offset, key in enumerate(keys):
                 yield base + offset, key
 
-    def holds(self, pos: tuple[int, int]) -> bool:
-        """Whether ``pos`` is in the log (in memory or spilled); False for a bad position (the
+    def _where(self, pos: tuple[int, int]) -> int:
+        """0: not in the log; 1: in memory; 2: spilled. A bad position is not in the log (the
         caller's validation reports it)."""
-        if pos in self.index:
-            return True
         try:
-            return bool(self.spilled.contains(*pos))
+            if self.memory.contains(*pos):
+                return 1
+            return 2 if self.spilled.contains(*pos) else 0
         except (OverflowError, TypeError, ValueError):
-            return False
+            return 0
+
+    def holds(self, pos: tuple[int, int]) -> bool:
+        """Whether ``pos`` is in the log (in memory or spilled)."""
+        return self._where(pos) != 0
+
+    def _find(self, pos: tuple[int, int], where: int, seq: int) -> int | None:
+        """The ``seq`` of ``pos`` (known to be in the log, ``where`` as from :meth:`_where`) if
+        it is at ``seq`` or later, else None. Scans only the chunks of its kind."""
+        seq = max(seq, self._start if where == 2 else self.spill_start)
+        limit = self.spill_start if where == 2 else self._end
+        ledger, entry = pos
+        for base, _, ledgers, entries in self.columns_from(seq):
+            if base >= limit:
+                break
+            hits = np.flatnonzero((ledgers == ledger) & (entries == entry))
+            if len(hits):
+                return base + int(hits[0])
+        return None
 
     def seq_of(self, pos: tuple[int, int]) -> int | None:
         """The ``seq`` of ``pos`` in the log, or None (a spilled one is searched on disk)."""
-        seq = self.index.get(pos)
-        if seq is not None or not self.spilled.contains(*pos):
-            return seq
-        for base, _, ledgers, entries in self.columns_from(self._start):
-            if base >= self.spill_start:
-                break
-            hits = np.flatnonzero((ledgers == pos[0]) & (entries == pos[1]))
-            if len(hits):
-                return base + int(hits[0])
-        raise AssertionError(f"{pos} is in the spill bitmap but in no spilled chunk")
+        where = self._where(pos)
+        if not where:
+            return None
+        seq = self._find(pos, where, self._start)
+        assert seq is not None, f"{pos} is in the log's bitmap but in none of its chunks"
+        return seq
 
     def pending_from(self, pos: tuple[int, int], seq: int) -> bool:
         """Whether ``pos`` is in the log at ``seq`` or later."""
-        found = self.index.get(pos)
-        if found is not None:
-            return found >= seq
-        if not self.spilled.contains(*pos):
+        where = self._where(pos)
+        if not where or seq >= self._end:
             return False
-        return seq <= self._start or (self.seq_of(pos) or -1) >= seq
+        if seq <= (self._start if where == 2 else self.spill_start):
+            return True  # every key of its kind is at seq or later
+        return self._find(pos, where, seq) is not None
 
     def ledgers(self) -> set[int]:
         """The distinct ledgers of the kept keys."""
-        out: set[int] = set(self.spilled.ledgers())
-        out.update(led for led, _ in self.index)
-        return out
+        return set(self.spilled.ledgers()) | set(self.memory.ledgers())
 
     # -- dropping --------------------------------------------------------------------------------
 
@@ -261,8 +303,9 @@ class DueLog:
             _, ledgers, entries = self._columns(drop)
             pairs = zip(ledgers.tolist(), entries.tolist(), strict=True)
             if chunk.columns is not None:
+                discard = self.memory.discard
                 for pos in pairs:
-                    del self.index[pos]
+                    discard(*pos)
                 self._in_memory -= chunk.size
             else:
                 for led, ent in pairs:
@@ -271,8 +314,12 @@ class DueLog:
                 chunk.spill.live_chunks -= 1
                 if chunk.spill.live_chunks == 0 and chunk.spill is not self._spill:
                     chunk.spill.file.close()  # every chunk in it is read: the file goes
+                    self.spilled.compact()
             drop += 1
         if drop:
+            self._trims += 1
+            if self._trims % _COMPACT_EVERY == 0:
+                self.memory.compact()
             del self._chunks[:drop]
             del self._bases[:drop]
             self._first_memory = max(self._first_memory - drop, 0)
@@ -311,7 +358,8 @@ class DueLog:
                     in_memory[key[1], key[2]] = chunk.base + offset
             expected = chunk.end
         assert expected == self._end
-        assert in_memory == self.index, "position index out of step with the chunks"
+        assert len(self.memory) == len(in_memory), "in-memory bitmap out of step with the chunks"
+        assert all(self.memory.contains(*pos) for pos in in_memory)
         assert len(in_memory) + len(spilled) == len(self), "a position is in the log twice"
         assert len(self.spilled) == len(spilled)
         assert all(self.spilled.contains(*pos) for pos in spilled)
