@@ -237,3 +237,23 @@ def test_a_stopped_subscription_spills_to_disk_instead_of_holding_memory() -> No
         assert sorted(got) == sorted(p for p in got_a if p > Position(10, 99))
         assert shared.stats()["due_log"] == 0 and shared._log._spill is None  # files closed
         shared._check()
+
+
+def test_the_last_unsubscribe_keeps_what_the_topic_tracks_for_a_later_subscription() -> None:
+    clock = ManualClock(T0)
+    with _open(MemoryStorage(), clock) as shared:
+        a = shared.subscribe("a")
+        _fill(shared, range(1, 11))  # 30 positions
+        clock.advance(150)  # some are due
+        got_a = set(a.poll(2))
+        shared.unsubscribe("a")
+        assert shared.subscriptions() == []
+        left = len(shared)  # what the topic index still tracks (due or not)
+        assert 0 < left <= 30 - len(got_a)
+        shared._check()
+        c = shared.subscribe("c")
+        assert len(c) == left
+        clock.advance(10_000)
+        got_c = [p for _ in range(40) for p in c.poll(5)]
+        assert len(got_c) == len(set(got_c)) == left and not got_a & set(got_c)
+        shared._check()
