@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from pyroaring import BitMap
@@ -55,6 +56,18 @@ class LedgerIndexMachine(RuleBasedStateMachine):
     def discard(self, ledger: int, entry: int) -> None:
         assert self._both("discard", ledger, entry) == ((ledger, entry) in self.model)
         self.model.discard((ledger, entry))
+
+    @rule(pairs=st.lists(st.tuples(ledgers, entries), max_size=30))
+    def add_many(self, pairs: list[tuple[int, int]]) -> None:
+        ls, es = (np.array([p[i] for p in pairs], dtype=np.int64) for i in (0, 1))
+        assert self._both("add_many", ls, es) == len(set(pairs) - self.model)
+        self.model |= set(pairs)
+
+    @rule(pairs=st.lists(st.tuples(ledgers, entries), max_size=30))
+    def discard_many(self, pairs: list[tuple[int, int]]) -> None:
+        ls, es = (np.array([p[i] for p in pairs], dtype=np.int64) for i in (0, 1))
+        assert self._both("discard_many", ls, es) == len(set(pairs) & self.model)
+        self.model -= set(pairs)
 
     @rule(ledger=ledgers, values=st.lists(entries, max_size=30))
     def restore(self, ledger: int, values: list[int]) -> None:
@@ -117,6 +130,20 @@ def test_bad_ids_are_rejected(which: str) -> None:
     assert len(index) == 0
 
 
+@pytest.mark.parametrize("which", ["native", "pure"])
+def test_many_validates_the_whole_batch_before_changing_anything(which: str) -> None:
+    index = native_module.LedgerIndex() if which == "native" else _impl.PureLedgerIndex()
+    good_then_bad = np.array([1, 2, 3], dtype=np.int64), np.array([5, 6, 2**32], dtype=np.int64)
+    for method in ("add_many", "discard_many"):
+        with pytest.raises(ValueError, match="entry_id"):
+            getattr(index, method)(*good_then_bad)
+        assert len(index) == 0
+    index.add(1, 5)
+    with pytest.raises(ValueError, match="differ in length"):
+        index.discard_many(np.array([1], dtype=np.int64), np.array([], dtype=np.int64))
+    assert index.contains(1, 5)
+
+
 def test_dense_ledgers_cost_well_under_a_byte_per_entry() -> None:
     index = native_module.LedgerIndex()
     rng = np.random.default_rng(5)
@@ -153,3 +180,21 @@ def test_ranged_bitmap_covers_word_and_bitset_edges(which: str) -> None:
         assert index.bitmap(7, first, last) == want, (first, last)
     assert index.bitmap(8, 0, 2**32 - 1) == BitMap()
     index._check()
+
+
+@given(
+    pairs=st.lists(st.tuples(st.integers(0, 2**62), st.integers(0, 2**32 - 1)), max_size=60)
+)
+def test_sorted_positions_twins_agree_with_sorted(pairs: list[tuple[int, int]]) -> None:
+    from delayindex._pure.heap import sorted_positions as pure_sorted_positions
+    from delayindex.model import Position
+
+    ledgers = np.array([p[0] for p in pairs], dtype=np.int64)
+    entries = np.array([p[1] for p in pairs], dtype=np.int64)
+    want = sorted(Position(*p) for p in pairs)
+    for kernel in (native_module.sorted_positions, pure_sorted_positions):
+        got = kernel(ledgers, entries)
+        assert got == want and all(type(p) is Position for p in got)
+    for kernel in (native_module.sorted_positions, pure_sorted_positions):
+        with pytest.raises(ValueError, match="differ in length"):
+            kernel(ledgers, np.append(entries, 0))

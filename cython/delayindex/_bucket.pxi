@@ -938,3 +938,34 @@ cdef class BucketCore:
                     raise AssertionError(f"source {sid}: head missing from heads")
             elif sid in seen:
                 raise AssertionError(f"source {sid} is used up but still in heads")
+
+
+def sorted_positions(const int64_t[:] ledgers not None, const int64_t[:] entries not None):
+    """``Position`` s of two int64 columns, sorted by position (the shared index's poll
+    batches; the same construction as ``BucketCore.poll``)."""
+    cdef Py_ssize_t i, n = ledgers.shape[0]
+    cdef Pos* buf
+    cdef list out
+    cdef int64_t prev = -1
+    cdef object ledger_obj = None
+    if entries.shape[0] != n:
+        raise ValueError(f"ledgers and entries differ in length ({n} != {entries.shape[0]})")
+    if n == 0:
+        return []
+    buf = <Pos*> malloc(<size_t> n * sizeof(Pos))
+    if buf == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            buf[i].ledger = ledgers[i]
+            buf[i].entry = entries[i]
+        di_sort_pos(buf, n)
+        out = [None] * n
+        for i in range(n):
+            if buf[i].ledger != prev:
+                prev = buf[i].ledger
+                ledger_obj = prev
+            out[i] = di_make_pair(Position, ledger_obj, buf[i].entry)
+    finally:
+        free(buf)
+    return out

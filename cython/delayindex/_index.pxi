@@ -292,6 +292,31 @@ cdef class LedgerIndex:
         check_ids(ledger, entry)
         return self.cdiscard(ledger, entry) == 1
 
+    def add_many(self, const int64_t[:] ledgers not None, const int64_t[:] entries not None) -> int:
+        """Add every ``(ledgers[i], entries[i])``, validated as a whole first; return how many
+        were new."""
+        cdef Py_ssize_t i, n = ledgers.shape[0], added = 0
+        if entries.shape[0] != n:
+            raise ValueError(f"ledgers and entries differ in length ({n} != {entries.shape[0]})")
+        for i in range(n):
+            check_ids(ledgers[i], entries[i])
+        for i in range(n):
+            added += self.cadd(ledgers[i], entries[i])
+        return added
+
+    def discard_many(self, const int64_t[:] ledgers not None,
+                     const int64_t[:] entries not None) -> int:
+        """Remove every ``(ledgers[i], entries[i])``, validated as a whole first; return how
+        many were there."""
+        cdef Py_ssize_t i, n = ledgers.shape[0], removed = 0
+        if entries.shape[0] != n:
+            raise ValueError(f"ledgers and entries differ in length ({n} != {entries.shape[0]})")
+        for i in range(n):
+            check_ids(ledgers[i], entries[i])
+        for i in range(n):
+            removed += self.cdiscard(ledgers[i], entries[i])
+        return removed
+
     def contains(self, int64_t ledger, int64_t entry) -> bool:
         """Whether ``(ledger, entry)`` is in the set."""
         check_ids(ledger, entry)

@@ -80,7 +80,7 @@ if TYPE_CHECKING:
         roaring_union_by_ledger,
     )
     from delayindex._pure.core import TrackerCore
-    from delayindex._pure.heap import TripleHeap
+    from delayindex._pure.heap import TripleHeap, sorted_positions
     from delayindex._pure.index import LedgerIndex
     from delayindex.clock import wall_clock_ms
 
@@ -93,12 +93,14 @@ else:
         BucketCore = _module.BucketCore
         LedgerIndex = _module.LedgerIndex
         wall_clock_ms = _module.wall_clock_ms
+        sorted_positions = _module.sorted_positions
         _kernels = _module
     else:
         TripleHeap, TrackerCore = PureTripleHeap, PureTrackerCore
         BucketCore = PureBucketCore
         LedgerIndex = PureLedgerIndex
         wall_clock_ms = pure_wall_clock_ms
+        sorted_positions = _pure_heap.sorted_positions
         _kernels = _pure_codec
     build_segments = _kernels.build_segments
     decode_segments = _kernels.decode_segments
@@ -133,5 +135,6 @@ __all__ = [
     "roaring_check_positions",
     "roaring_entries",
     "roaring_union_by_ledger",
+    "sorted_positions",
     "wall_clock_ms",
 ]

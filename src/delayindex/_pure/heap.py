@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from delayindex._pure._ints import as_i64
+from delayindex.model import Position
 
 _TRIPLE_BYTES = sys.getsizeof((0, 0, 0)) + 3 * sys.getsizeof(2**40)
 
@@ -136,3 +137,13 @@ def _int64_column(values: object) -> Int64Array:
             f"with {array.ndim} dimension(s)"
         )
     return array
+
+
+def sorted_positions(ledgers: object, entries: object) -> list[Position]:
+    """``Position`` s of two int64 columns, sorted by position (twin of the native kernel)."""
+    ls = np.asarray(ledgers, dtype=np.int64)
+    es = np.asarray(entries, dtype=np.int64)
+    if len(ls) != len(es):
+        raise ValueError(f"ledgers and entries differ in length ({len(ls)} != {len(es)})")
+    order = np.lexsort((es, ls))
+    return list(map(Position, ls[order].tolist(), es[order].tolist()))

@@ -21,6 +21,17 @@ from delayindex.model import MAX_ENTRY_ID
 _BITMAP_OVERHEAD = 64
 
 
+def _pairs(ledgers: object, entries: object) -> list[tuple[int, int]]:
+    """The ``(ledger, entry)`` pairs of two int64 columns, every one checked first."""
+    ls = np.asarray(ledgers, dtype=np.int64).tolist()
+    es = np.asarray(entries, dtype=np.int64).tolist()
+    if len(ls) != len(es):
+        raise ValueError(f"ledgers and entries differ in length ({len(ls)} != {len(es)})")
+    for ledger, entry in zip(ls, es, strict=True):
+        check_ids(ledger, entry)
+    return list(zip(ls, es, strict=True))
+
+
 class LedgerIndex:
     """Set of tracked positions ``(ledger, entry)``; ``add``/``discard`` say if it changed."""
 
@@ -49,6 +60,18 @@ class LedgerIndex:
         bm.discard(entry)
         self._count -= 1
         return True
+
+    def add_many(self, ledgers: object, entries: object) -> int:
+        """Add every ``(ledgers[i], entries[i])``, validated as a whole first; return how many
+        were new."""
+        pairs = _pairs(ledgers, entries)
+        return sum(self.add(ledger, entry) for ledger, entry in pairs)
+
+    def discard_many(self, ledgers: object, entries: object) -> int:
+        """Remove every ``(ledgers[i], entries[i])``, validated as a whole first; return how
+        many were there."""
+        pairs = _pairs(ledgers, entries)
+        return sum(self.discard(ledger, entry) for ledger, entry in pairs)
 
     def contains(self, ledger: int, entry: int) -> bool:
         """Whether ``(ledger, entry)`` is in the set."""

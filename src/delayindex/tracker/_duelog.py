@@ -157,9 +157,7 @@ class DueLog:
         self.max_ledger = max(self.max_ledger, int(ledgers.max()))
         self._chunks.append(chunk)
         self._bases.append(chunk.base)
-        add = self.memory.add
-        for pos in zip(ledgers.tolist(), entries.tolist(), strict=True):
-            add(*pos)
+        self.memory.add_many(ledgers, entries)
         self._end = chunk.end
         self._in_memory += chunk.size
         while self._in_memory > self.memory_keys and self._first_memory < len(self._chunks) - 1:
@@ -172,10 +170,8 @@ class DueLog:
             self._spill = _SpillFile(self._spill_dir)
         offset = self._spill.write(chunk.columns)
         _, ledgers, entries = chunk.columns
-        discard, add = self.memory.discard, self.spilled.add
-        for pos in zip(ledgers.tolist(), entries.tolist(), strict=True):
-            discard(*pos)
-            add(*pos)
+        self.memory.discard_many(ledgers, entries)
+        self.spilled.add_many(ledgers, entries)
         self._in_memory -= chunk.size
         previous = self._chunks[self._first_memory - 1] if self._first_memory else None
         if (
@@ -301,15 +297,11 @@ class DueLog:
         while drop < len(self._chunks) and self._chunks[drop].end <= upto:
             chunk = self._chunks[drop]
             _, ledgers, entries = self._columns(drop)
-            pairs = zip(ledgers.tolist(), entries.tolist(), strict=True)
             if chunk.columns is not None:
-                discard = self.memory.discard
-                for pos in pairs:
-                    discard(*pos)
+                self.memory.discard_many(ledgers, entries)
                 self._in_memory -= chunk.size
             else:
-                for led, ent in pairs:
-                    self.spilled.discard(led, ent)
+                self.spilled.discard_many(ledgers, entries)
                 assert chunk.spill is not None
                 chunk.spill.live_chunks -= 1
                 if chunk.spill.live_chunks == 0 and chunk.spill is not self._spill:

@@ -45,6 +45,7 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
+from delayindex import _impl
 from delayindex.clock import Clock
 from delayindex.config import TrackerConfig
 from delayindex.errors import TrackerClosedError
@@ -591,8 +592,9 @@ class SharedDelayIndex:
 
 def _positions(ledgers: Int64Array, entries: Int64Array) -> list[Position]:
     """``Position`` s of the columns, sorted by position."""
-    order = np.lexsort((entries, ledgers))
-    return list(map(Position, ledgers[order].tolist(), entries[order].tolist()))
+    return _impl.sorted_positions(
+        np.ascontiguousarray(ledgers), np.ascontiguousarray(entries)
+    )
 
 
 _OPEN_TOKEN = object()
