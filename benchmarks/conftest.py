@@ -589,6 +589,9 @@ def _notes(bench: dict[str, Any], *first: str) -> str:
             parts.append(f"{what} x{info[key]:.2f}")
     if "per_sub_msgs_per_s" in info:
         parts.append(f"{info['per_sub_msgs_per_s'] / 1e6:.2f} M msg/s per subscription")
+        if info.get("per_sub_slowest_msgs_per_s") not in (None, info["per_sub_msgs_per_s"]):
+            slowest = info["per_sub_slowest_msgs_per_s"] / 1e6
+            parts.append(f"slowest subscription {slowest:.2f} M msg/s in its own polls")
     if "slowdown_injected" in info:
         parts.append(f"SLOWED x{info['slowdown_injected']}")
     return f" ({'; '.join(parts)})" if parts else ""
