@@ -32,11 +32,16 @@ class Model:
         self.tick, self.strict, self.lookahead = tick, strict, lookahead
         self.tracked: dict[tuple[int, int], int] = {}
         self.fixed, self.highest = True, 0
+        self.cancelled: set[tuple[int, int]] = set()
+        self.moved: dict[tuple[int, int], int] = {}
 
     def cutoff(self, now: int) -> int:
         return now if self.strict else min(now + self.tick, 2**63 - 1)
 
     def add(self, ledger: int, entry: int, t: int, now: int) -> int:
+        if (ledger, entry) in self.cancelled:
+            return 5  # ADD_CANCELLED: refused
+        t = self.moved.get((ledger, entry), t)
         if t < 0 or t <= self.cutoff(now):
             self.fixed = False
             self.tracked.pop((ledger, entry), None)
@@ -61,6 +66,23 @@ class Model:
 
     def next_time(self) -> int | None:
         return min(self.tracked.values(), default=None)
+
+    def cancel(self, ledger: int, entry: int) -> bool:
+        if (ledger, entry) not in self.tracked:
+            return False
+        del self.tracked[ledger, entry]
+        self.cancelled.add((ledger, entry))
+        self.moved.pop((ledger, entry), None)
+        return True
+
+    def reschedule(self, ledger: int, entry: int, t: int, now: int) -> int:
+        self.cancelled.discard((ledger, entry))
+        self.tracked.pop((ledger, entry), None)
+        self.moved[ledger, entry] = t
+        return self.add(ledger, entry, t, now)
+
+    def live(self, start: int, end: int) -> list[tuple[int, int, int]]:
+        return sorted((t, lg, e) for (lg, e), t in self.tracked.items() if start <= t < end)
 
 
 class CoreMachine(RuleBasedStateMachine):
@@ -97,6 +119,38 @@ class CoreMachine(RuleBasedStateMachine):
         results = [c.add_many(*cols, now).tolist() for c in self.cores]
         expected = [self.model.add(lg, e, t, now) != 0 for lg, e, t in batch]
         self.same(results, expected)
+
+    @rule(ledger=ledgers, entry=entries)
+    def cancel(self, ledger: int, entry: int) -> None:
+        self.same([c.cancel(ledger, entry) for c in self.cores], self.model.cancel(ledger, entry))
+
+    @rule(batch=st.lists(st.tuples(ledgers, entries), max_size=10))
+    def cancel_many(self, batch: list[tuple[int, int]]) -> None:
+        cols = [np.array([b[i] for b in batch], dtype=np.int64) for i in range(2)]
+        results = [c.cancel_many(*cols).tolist() for c in self.cores]
+        self.same(results, [self.model.cancel(lg, e) for lg, e in batch])
+
+    @rule(ledger=ledgers, entry=entries, t=times, now=small_now)
+    def reschedule(self, ledger: int, entry: int, t: int, now: int) -> None:
+        self.same(
+            [c.reschedule(ledger, entry, t, now) for c in self.cores],
+            self.model.reschedule(ledger, entry, t, now),
+        )
+
+    @rule(start=st.integers(-5, 45), width=st.integers(0, 50))
+    def browse(self, start: int, width: int) -> None:
+        end = start + width
+        keys = [c.live_keys(start, end - 1) for c in self.cores]
+        self.same(
+            [sorted(zip(*(k.tolist() for k in key), strict=True)) for key in keys],
+            self.model.live(start, end),
+        )
+        edges = np.array(sorted({start, end, (start + end) // 2, end + 3}), dtype=np.int64)
+        want = [
+            sum(1 for t in self.model.tracked.values() if lo <= t < hi)
+            for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True)
+        ]
+        self.same([c.due_histogram(edges).tolist() for c in self.cores], want)
 
     @rule(n=st.integers(-1, 8), now=small_now)
     def poll(self, n: int, now: int) -> None:
@@ -147,6 +201,8 @@ class CoreMachine(RuleBasedStateMachine):
         for core in self.cores:
             core.clear()
         self.model.tracked.clear()
+        self.model.cancelled.clear()
+        self.model.moved.clear()
         self.model.fixed, self.model.highest = True, 0
 
     @invariant()

@@ -4,16 +4,25 @@
 # single dedup index; its total cardinality is ``count``) and one node (time, ledger, entry) in a
 # TripleHeap. A due re-add untracks the position at once (Pulsar #26230) but leaves its node in
 # the heap: the position goes into ``stale`` and the node is dropped when it reaches the head
-# ("dedup on pop"). Re-tracking a stale position first purges its old node (O(n), rare), so a
-# position never has more than one node.
+# ("dedup on pop"). Re-tracking a stale position first purges its old node (O(n), rare).
+#
+# Cancel and reschedule. ``cancel`` untracks and leaves the node behind as a *dead* one (counted
+# in ``dead``; no per-position record), and puts the position in ``cancelled``, a compact bitmap
+# of overrides: a later add of it is refused (``ADD_CANCELLED``), so it is never tracked again
+# except by ``reschedule``. ``reschedule`` untracks the same way, records ``moved[pos] = time``
+# and tracks the position at the new time; a later add keeps the override's time. A node is its
+# position's *live* copy when the position is tracked and the node's time is the override's (if
+# any); poll skips the others. A reschedule to a node's own time can leave two identical live
+# nodes: poll delivers the first and skips the second, the browse methods count one.
 #
 # Bitmaps emptied by delivery are swept lazily, once as many positions have been delivered since
 # the last sweep as there are bitmaps, so the sweep is O(1) amortized per delivery and the hot
 # loop never asks a bitmap for its size.
 #
-# Invariants (checked by _check): len(heap) == count + len(stale); count == sum of bitmap
-# cardinalities; every node's position is tracked or stale, never both; when stale is empty every
-# heap node is tracked, which is what lets poll skip the membership test.
+# Invariants (checked by _check): len(heap) == count + len(stale) + dead; count == sum of bitmap
+# cardinalities == positions with a live node; no position is both tracked and stale, or tracked
+# and cancelled; when stale and dead are empty every heap node is live, which is what lets poll
+# skip the membership test.
 #
 # Time comes in as an argument; the cutoff is now (strict) or now + tick, saturating at int64 max.
 
@@ -21,6 +30,12 @@ cdef int64_t INT64_MAX_ = 0x7FFFFFFFFFFFFFFF
 cdef int64_t MAX_ENTRY = 0xFFFFFFFF
 
 ctypedef DiPos Pos
+
+#: ``add`` result for a position whose cancel override refuses it (delayindex.model).
+cdef int ADD_CANCELLED_ = 5
+#: memory_bytes' estimate per reschedule override (dict slot, tuple key, two ints).
+cdef Py_ssize_t MOVED_ENTRY_BYTES = 200
+
 
 cdef inline int check_ids(int64_t ledger, int64_t entry) except -1:
     if ledger < 0:
@@ -40,6 +55,10 @@ cdef class TrackerCore:
     cdef TripleHeap heap
     cdef dict bitmaps            # ledger id -> pyroaring.BitMap of tracked entry ids
     cdef set stale               # (ledger, entry) whose heap node is no longer tracked
+    cdef Py_ssize_t dead         # nodes of cancelled positions (neither tracked nor stale)
+    cdef object cancelled        # LedgerIndex: cancel overrides (a re-add is refused)
+    cdef Py_ssize_t n_cancel_overrides  # len(cancelled), kept here for the add path
+    cdef dict moved              # (ledger, entry) -> deliver_at: reschedule overrides
     cdef object last_bm          # cache: bitmap of the most recently used ledger
     cdef int64_t last_ledger
     cdef Py_ssize_t count
@@ -51,6 +70,7 @@ cdef class TrackerCore:
     # counters
     cdef int64_t n_add_calls, n_tracked, n_duplicates, n_rejected, n_untracked_due
     cdef int64_t n_delivered, n_stale_skipped, n_polls
+    cdef int64_t n_cancelled, n_rescheduled, n_refused_cancelled
     cdef int64_t delivered_since_sweep
 
     def __cinit__(self, int64_t tick_ms, bint strict, int64_t fixed_delay_lookahead):
@@ -61,6 +81,9 @@ cdef class TrackerCore:
         self.heap = TripleHeap()
         self.bitmaps = {}
         self.stale = set()
+        self.dead = 0
+        self.cancelled = LedgerIndex()
+        self.moved = {}
         self.last_bm = None
         self.last_ledger = -1
         self.count = 0
@@ -132,12 +155,42 @@ cdef class TrackerCore:
         self.stale.add((ledger, entry))
         return True
 
+    cdef bint untrack_dead(self, int64_t ledger, int64_t entry) except -1:
+        """Untrack for a cancel: the node stays behind as a dead one (no stale record: the
+        cancel override keeps the position from being tracked again, except by reschedule,
+        which purges the node)."""
+        cdef object bm = self.bitmap(ledger, False)
+        if bm is None or entry not in bm:
+            return False
+        bm.remove(entry)
+        self.count -= 1
+        self.drop_if_empty(ledger, bm)
+        self.dead += 1
+        return True
+
+    cdef inline void skipped(self, int64_t ledger, int64_t entry):
+        """Account for a node that is not its position's live copy, taken off the heap: the
+        stale node of an untracked position, else a dead one."""
+        key = (ledger, entry)
+        if key in self.stale:
+            self.stale.discard(key)
+        else:
+            self.dead -= 1
+        self.n_stale_skipped += 1
+
     # -- add ----------------------------------------------------------------------------------
 
     cdef int cadd(self, int64_t ledger, int64_t entry, int64_t deliver_at,
                   int64_t cutoff) except -1:
-        cdef object bm
+        cdef object bm, moved_to
         self.n_add_calls += 1
+        if self.n_cancel_overrides and self.cancelled.contains(ledger, entry):
+            self.n_refused_cancelled += 1
+            return ADD_CANCELLED_
+        if self.moved:
+            moved_to = self.moved.get((ledger, entry))
+            if moved_to is not None:
+                deliver_at = moved_to
         if deliver_at < 0 or deliver_at <= cutoff:
             # Expiry is checked before dedup: a due re-add untracks (Pulsar #26230).
             self.fixed_delay = False
@@ -151,7 +204,8 @@ cdef class TrackerCore:
             self.note_deliver_at(deliver_at)
             return 2
         if self.stale and (ledger, entry) in self.stale:
-            self.heap.remove_position(ledger, entry)
+            # Purge its stale node (and any dead ones a reschedule left behind).
+            self.dead -= self.heap.remove_position(ledger, entry) - 1
             self.stale.discard((ledger, entry))
         self.heap.cpush(deliver_at, ledger, entry)
         bm.add(entry)
@@ -210,14 +264,12 @@ cdef class TrackerCore:
 
     cdef void purge_stale_heads(self):
         cdef Triple top
-        while self.stale and self.heap.n > 0:
+        while (self.stale or self.dead) and self.heap.n > 0:
             top = self.heap.data[0]
-            bm = self.bitmap(top.ledger, False)
-            if bm is not None and top.entry in bm:
+            if self.live(top.time, top.ledger, top.entry):
                 return
             self.heap.cpop()
-            self.stale.discard((top.ledger, top.entry))
-            self.n_stale_skipped += 1
+            self.skipped(top.ledger, top.entry)
         self.heap._maybe_shrink()
 
     def poll(self, max_n, now) -> list:
@@ -250,12 +302,10 @@ cdef class TrackerCore:
                         raise MemoryError()
                     buf = grown
                 top = self.heap.cpop()
+                if (self.stale or self.dead) and not self.live(top.time, top.ledger, top.entry):
+                    self.skipped(top.ledger, top.entry)
+                    continue
                 bm = self.bitmap(top.ledger, False)
-                if self.stale:
-                    if bm is None or top.entry not in bm:
-                        self.stale.discard((top.ledger, top.entry))
-                        self.n_stale_skipped += 1
-                        continue
                 bm.discard(top.entry)
                 buf[k].ledger = top.ledger
                 buf[k].entry = top.entry
@@ -288,10 +338,11 @@ cdef class TrackerCore:
         self.last_bm = None
         self.delivered_since_sweep = 0
         if self.heap.n:
-            # Only stale nodes are left.
+            # Only stale and dead nodes are left.
             self.n_stale_skipped += self.heap.n
             self.heap.cclear()
         self.stale.clear()
+        self.dead = 0
 
     def has_due(self, now) -> bool:
         """Whether some tracked position is due at ``now``."""
@@ -305,6 +356,147 @@ cdef class TrackerCore:
         if self.heap.n == 0:
             return None
         return self.heap.data[0].time
+
+    # -- cancel, reschedule, browse --------------------------------------------------------------
+
+    cdef bint ccancel(self, int64_t ledger, int64_t entry) except -1:
+        if not self.untrack_dead(ledger, entry):
+            return False
+        self.cancelled.add(ledger, entry)
+        self.n_cancel_overrides = len(self.cancelled)
+        if self.moved:
+            self.moved.pop((ledger, entry), None)
+        self.n_cancelled += 1
+        return True
+
+    def cancel(self, ledger, entry) -> bool:
+        """Untrack a tracked position for good: True if it was tracked. A later add of it is
+        refused (``ADD_CANCELLED``) until :meth:`clear` or :meth:`forget_overrides_upto`."""
+        cdef int64_t c_ledger = as_i64(ledger)
+        cdef int64_t c_entry = as_i64(entry)
+        check_ids(c_ledger, c_entry)
+        return self.ccancel(c_ledger, c_entry)
+
+    def cancel_many(self, const int64_t[:] ledgers not None, const int64_t[:] entries not None):
+        """:meth:`cancel` for each element, validated as a whole first; a bool array."""
+        cdef Py_ssize_t k = ledgers.shape[0], i
+        cdef uint8_t[::1] view
+        if entries.shape[0] != k:
+            raise ValueError(
+                f"cancel_many needs sequences of equal length, got {k}, {entries.shape[0]}")
+        for i in range(k):
+            if ledgers[i] < 0 or entries[i] < 0 or entries[i] > MAX_ENTRY:
+                raise ValueError(
+                    f"element {i}: bad position ({ledgers[i]}, {entries[i]}); need "
+                    f"ledger_id >= 0 and 0 <= entry_id < 2**32")
+        out = np.zeros(k, dtype=np.bool_)
+        view = out.view(np.uint8)
+        for i in range(k):
+            view[i] = self.ccancel(ledgers[i], entries[i])
+        return out
+
+    def reschedule(self, ledger, entry, deliver_at, now) -> int:
+        """Move a position, tracked or not, to ``deliver_at`` (an override later adds keep);
+        returns :meth:`add`'s code for the new time (0: due now, untracked)."""
+        cdef int64_t c_ledger = as_i64(ledger)
+        cdef int64_t c_entry = as_i64(entry)
+        cdef int64_t c_deliver_at = as_i64(deliver_at)
+        cdef int64_t c_now = as_i64(now)
+        check_ids(c_ledger, c_entry)
+        # The old node (if any) stays behind, dead: its time is not the override's (or, at the
+        # same time, it is a twin that poll skips once the position is delivered).
+        if self.n_cancel_overrides and self.cancelled.discard(c_ledger, c_entry):
+            self.n_cancel_overrides -= 1
+        else:
+            self.untrack_dead(c_ledger, c_entry)
+        self.moved[(c_ledger, c_entry)] = c_deliver_at
+        self.n_rescheduled += 1
+        return self.cadd(c_ledger, c_entry, c_deliver_at, self.cutoff(c_now))
+
+    def forget_overrides_upto(self, ledger, entry) -> int:
+        """Drop the cancel and reschedule overrides at or below ``(ledger, entry)`` (the
+        mark-delete passed them); returns how many."""
+        cdef int64_t c_ledger = as_i64(ledger)
+        cdef int64_t c_entry = as_i64(entry)
+        cdef Py_ssize_t gone = self.cancelled.remove_upto(c_ledger, c_entry)
+        self.n_cancel_overrides = len(self.cancelled)
+        if self.moved:
+            old = [key for key in self.moved if key <= (c_ledger, c_entry)]
+            for key in old:
+                del self.moved[key]
+            gone += len(old)
+        return gone
+
+    cdef inline bint live(self, int64_t time, int64_t ledger, int64_t entry):
+        """Whether a node is its position's live copy (tracked, and at the override's time)."""
+        cdef object bm, moved_to
+        if not self.stale and not self.dead:
+            return True
+        bm = self.bitmap(ledger, False)
+        if bm is None or entry not in bm:
+            return False
+        if self.moved:
+            moved_to = self.moved.get((ledger, entry))
+            return moved_to is None or moved_to == time
+        return True
+
+    def live_keys(self, int64_t first, int64_t last) -> tuple:
+        """``(times, ledgers, entries)`` of the tracked positions with ``first <= deliver_at <=
+        last``, in no particular order (nothing is removed)."""
+        cdef Py_ssize_t i, k = 0
+        cdef Triple node
+        cdef Triple* data = self.heap.data
+        for i in range(self.heap.n):
+            if first <= data[i].time <= last:
+                k += 1
+        times = np.empty(k, dtype=np.int64)
+        ledgers = np.empty(k, dtype=np.int64)
+        entries = np.empty(k, dtype=np.int64)
+        cdef int64_t[::1] ts = times, ls = ledgers, es = entries
+        k = 0
+        for i in range(self.heap.n):
+            node = data[i]
+            if first <= node.time <= last and self.live(node.time, node.ledger, node.entry):
+                ts[k] = node.time
+                ls[k] = node.ledger
+                es[k] = node.entry
+                k += 1
+        if self.dead and k:
+            # Twin nodes at the same time (a reschedule to a node's own time): keep one.
+            _, ones = np.unique(np.stack([ledgers[:k], entries[:k]]), axis=1, return_index=True)
+            ones.sort()
+            return times[ones], ledgers[ones], entries[ones]
+        return times[:k], ledgers[:k], entries[:k]
+
+    def due_histogram(self, const int64_t[:] edges not None):
+        """Tracked positions per ``[edges[i], edges[i+1])`` (``edges`` strictly increasing,
+        checked by the caller); an int64 array of ``len(edges) - 1`` counts."""
+        cdef Py_ssize_t nb = edges.shape[0] - 1, i, lo, hi, mid
+        cdef int64_t t
+        cdef Triple* data = self.heap.data
+        counts = np.zeros(nb if nb > 0 else 0, dtype=np.int64)
+        if nb <= 0:
+            return counts
+        cdef int64_t[::1] c = counts
+        if self.dead:  # twin nodes may exist: count distinct live positions
+            times = self.live_keys(edges[0], edges[nb] - 1)[0]
+            bins = np.searchsorted(np.asarray(edges), times, side="right") - 1
+            return np.bincount(bins, minlength=nb).astype(np.int64)
+        for i in range(self.heap.n):
+            t = data[i].time
+            if t < edges[0] or t >= edges[nb]:
+                continue
+            lo = 0
+            hi = nb
+            while hi - lo > 1:  # the last edge <= t
+                mid = (lo + hi) >> 1
+                if edges[mid] <= t:
+                    lo = mid
+                else:
+                    hi = mid
+            if self.live(t, data[i].ledger, data[i].entry):
+                c[lo] += 1
+        return counts
 
     def should_pause(self, now) -> bool:
         """Pulsar's fixed-delay detection: pause reads while delays look fixed and none is due."""
@@ -327,10 +519,15 @@ cdef class TrackerCore:
         self.sweep_empty_bitmaps()
 
     def clear(self) -> None:
-        """Drop every tracked position and reset fixed-delay detection."""
+        """Drop every tracked position, the cancel and reschedule overrides, and reset
+        fixed-delay detection."""
         self.heap.cclear()
         self.bitmaps.clear()
         self.stale.clear()
+        self.dead = 0
+        self.cancelled.clear()
+        self.n_cancel_overrides = 0
+        self.moved.clear()
         self.last_bm = None
         self.count = 0
         self.fixed_delay = True
@@ -343,7 +540,8 @@ cdef class TrackerCore:
         total += sys.getsizeof(self.bitmaps) + sys.getsizeof(self.stale)
         for bm in self.bitmaps.values():
             total += sys.getsizeof(bm) + BITMAP_OVERHEAD
-        return total
+        total += self.cancelled.memory_bytes() + sys.getsizeof(self.moved)
+        return total + MOVED_ENTRY_BYTES * len(self.moved)
 
     def counters(self) -> dict:
         """Operation counters and gauges."""
@@ -351,6 +549,7 @@ cdef class TrackerCore:
             "tracked": self.count,
             "heap_nodes": self.heap.n,
             "stale_nodes": len(self.stale),
+            "dead_nodes": self.dead,
             "bitmaps": len(self.bitmaps),
             "add_calls": self.n_add_calls,
             "added": self.n_tracked,
@@ -360,6 +559,11 @@ cdef class TrackerCore:
             "delivered": self.n_delivered,
             "stale_skipped": self.n_stale_skipped,
             "polls": self.n_polls,
+            "cancelled": self.n_cancelled,
+            "rescheduled": self.n_rescheduled,
+            "refused_cancelled": self.n_refused_cancelled,
+            "cancel_overrides": len(self.cancelled),
+            "reschedule_overrides": len(self.moved),
             "fixed_delay": bool(self.fixed_delay),
             "highest_deliver_at": self.highest,
         }
@@ -372,17 +576,23 @@ cdef class TrackerCore:
             cardinality += len(bm)
         if cardinality != self.count:
             raise AssertionError(f"count {self.count} != bitmap cardinality {cardinality}")
-        if self.heap.n != self.count + len(self.stale):
+        if self.heap.n != self.count + len(self.stale) + self.dead:
             raise AssertionError(
                 f"heap has {self.heap.n} nodes, expected count {self.count} + stale "
-                f"{len(self.stale)}")
-        seen = set()
+                f"{len(self.stale)} + dead {self.dead}")
+        live = set()
         for i in range(self.heap.n):
-            pos = (self.heap.data[i].ledger, self.heap.data[i].entry)
-            if pos in seen:
-                raise AssertionError(f"position {pos} has two heap nodes")
-            seen.add(pos)
+            node = self.heap.data[i]
+            pos = (node.ledger, node.entry)
             bm = self.bitmaps.get(pos[0])
             tracked = bm is not None and pos[1] in bm
-            if tracked == (pos in self.stale):
-                raise AssertionError(f"position {pos}: tracked={tracked}, stale={not tracked}")
+            if tracked and pos in self.stale:
+                raise AssertionError(f"position {pos} is tracked and stale")
+            if tracked and self.cancelled.contains(*pos):
+                raise AssertionError(f"position {pos} is tracked and cancelled")
+            if self.live(node.time, node.ledger, node.entry):
+                live.add(pos)
+        if not self.dead and len(live) != self.heap.n - len(self.stale):
+            raise AssertionError("a position has two live nodes without a reschedule")
+        if len(live) != self.count:
+            raise AssertionError(f"{self.count} tracked positions, {len(live)} with a live node")

@@ -15,6 +15,8 @@ MAX_TIME = 2**63 - 1
 #: now tracked, already tracked, seal the mutable bucket first (nothing done), acknowledged
 #: (at or below the mark-delete: neither tracked nor delivered).
 ADD_DELIVER, ADD_TRACKED, ADD_DUPLICATE, ADD_SEAL_FIRST, ADD_ACKED = 0, 1, 2, 3, 4
+#: ``add`` result for a position a cancel override refuses (do not deliver, not tracked).
+ADD_CANCELLED = 5
 
 
 class Position(NamedTuple):

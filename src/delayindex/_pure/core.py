@@ -1,16 +1,20 @@
 """Pure-Python twin of the native ``TrackerCore`` (see ``cython/delayindex/_core.pxi``).
 
 Every tracked position has one bit in a per-ledger roaring bitmap (the dedup index, whose total
-cardinality is ``len(core)``) and one node in the heap. A due re-add untracks the position and
+cardinality is ``len(core)``) and a live node in the heap. A due re-add untracks the position and
 leaves its node behind as *stale*; stale nodes are dropped when they reach the head, and a stale
-position that is tracked again first has its old node purged, so no position ever has two nodes.
+position that is tracked again first has its old node purged.
+
+Cancel leaves the node behind as a *dead* one and records the position in ``_cancelled`` (a later
+add is refused); reschedule does the same and records ``_moved[pos] = time``, tracking the
+position at the new time. A node is live when its position is tracked and its time is the
+override's (if any); the native module header has the details.
 
 Bitmaps emptied by delivery are swept lazily (once as many positions were delivered since the
 last sweep as there are bitmaps), exactly as the native core does.
 
-Invariants (``_check``): heap size == tracked count + stale count; count == bitmap cardinality;
-every node's position is tracked or stale, never both.
-"""
+Invariants (``_check``): heap size == tracked + stale + dead; count == bitmap cardinality ==
+positions with a live node; no position is both tracked and stale, or tracked and cancelled."""
 
 from __future__ import annotations
 
@@ -24,9 +28,12 @@ from pyroaring import BitMap
 from delayindex._pure._ints import as_i64, check_ids
 from delayindex._pure._ticked import TickedCore
 from delayindex._pure.heap import TripleHeap, _int64_column
-from delayindex.model import MAX_ENTRY_ID, Position
+from delayindex._pure.index import LedgerIndex
+from delayindex.model import ADD_CANCELLED, MAX_ENTRY_ID, Position
 
 _BITMAP_OVERHEAD = 64
+#: memory_bytes' estimate per reschedule override (as the native twin).
+_MOVED_ENTRY_BYTES = 200
 
 
 class TrackerCore(TickedCore):
@@ -45,6 +52,9 @@ class TrackerCore(TickedCore):
         self._heap = TripleHeap()
         self._bitmaps: dict[int, BitMap] = {}
         self._stale: set[tuple[int, int]] = set()
+        self._dead = 0  # nodes of cancelled or moved-away positions (not tracked, not stale)
+        self._cancelled = LedgerIndex()
+        self._moved: dict[tuple[int, int], int] = {}
         self._count = 0
         self._tick = tick_ms
         self.strict = bool(strict)
@@ -54,7 +64,8 @@ class TrackerCore(TickedCore):
         self._delivered_since_sweep = 0
         self._n = dict.fromkeys(
             ("add_calls", "added", "duplicates", "rejected", "untracked_on_due_add",
-             "delivered", "stale_skipped", "polls"),
+             "delivered", "stale_skipped", "polls", "cancelled", "rescheduled",
+             "refused_cancelled"),
             0,
         )  # fmt: skip
 
@@ -69,9 +80,43 @@ class TrackerCore(TickedCore):
         self._stale.add((ledger, entry))
         return True
 
+    def _untrack_dead(self, ledger: int, entry: int) -> bool:
+        """Untrack for a cancel or reschedule: the node stays behind as a dead one."""
+        bm = self._bitmaps.get(ledger)
+        if bm is None or entry not in bm:
+            return False
+        bm.remove(entry)
+        self._count -= 1
+        if not bm:
+            del self._bitmaps[ledger]
+        self._dead += 1
+        return True
+
+    def _live(self, time: int, ledger: int, entry: int) -> bool:
+        """Whether a node is its position's live copy (tracked, at the override's time)."""
+        if not self._stale and not self._dead:
+            return True
+        bm = self._bitmaps.get(ledger)
+        if bm is None or entry not in bm:
+            return False
+        moved = self._moved.get((ledger, entry)) if self._moved else None
+        return moved is None or moved == time
+
+    def _skipped(self, ledger: int, entry: int) -> None:
+        if (ledger, entry) in self._stale:
+            self._stale.discard((ledger, entry))
+        else:
+            self._dead -= 1
+        self._n["stale_skipped"] += 1
+
     def _add(self, ledger: int, entry: int, deliver_at: int, cutoff: int) -> int:
         n = self._n
         n["add_calls"] += 1
+        if len(self._cancelled) and self._cancelled.contains(ledger, entry):
+            n["refused_cancelled"] += 1
+            return ADD_CANCELLED
+        if self._moved:
+            deliver_at = self._moved.get((ledger, entry), deliver_at)
         if deliver_at < 0 or deliver_at <= cutoff:
             self._fixed_delay = False
             n["rejected"] += 1
@@ -86,7 +131,8 @@ class TrackerCore(TickedCore):
             self._note_deliver_at(deliver_at)
             return 2
         if (ledger, entry) in self._stale:
-            self._heap.remove(ledger, entry)
+            # Purge its stale node (and any dead ones a reschedule left behind).
+            self._dead -= self._heap.remove(ledger, entry) - 1
             self._stale.discard((ledger, entry))
         self._heap.push(deliver_at, ledger, entry)
         bm.add(entry)
@@ -128,14 +174,12 @@ class TrackerCore(TickedCore):
 
     def _purge_stale_heads(self) -> None:
         heap = self._heap
-        while self._stale and heap:
-            _, ledger, entry = heap.peek()
-            bm = self._bitmaps.get(ledger)
-            if bm is not None and entry in bm:
+        while (self._stale or self._dead) and heap:
+            time, ledger, entry = heap.peek()
+            if self._live(time, ledger, entry):
                 return
             heap.pop()
-            self._stale.discard((ledger, entry))
-            self._n["stale_skipped"] += 1
+            self._skipped(ledger, entry)
 
     def poll(self, max_n: int, now: int) -> list[Position]:
         """Remove up to ``max_n`` due positions, chosen in (time, ledger, entry) order.
@@ -150,13 +194,11 @@ class TrackerCore(TickedCore):
         heap = self._heap
         out: list[Position] = []
         while len(out) < max_n and heap and heap.peek()[0] <= cutoff:
-            _, ledger, entry = heap.pop()
-            bm = self._bitmaps.get(ledger)
-            if bm is None or entry not in bm:
-                self._stale.discard((ledger, entry))
-                self._n["stale_skipped"] += 1
+            time, ledger, entry = heap.pop()
+            if not self._live(time, ledger, entry):
+                self._skipped(ledger, entry)
                 continue
-            bm.remove(entry)
+            self._bitmaps[ledger].remove(entry)
             out.append(Position(ledger, entry))
         self._count -= len(out)
         self._n["delivered"] += len(out)
@@ -183,6 +225,101 @@ class TrackerCore(TickedCore):
             self._n["stale_skipped"] += len(self._heap)
             self._heap.clear()
         self._stale.clear()
+        self._dead = 0
+
+    # -- cancel, reschedule, browse --------------------------------------------------------------
+
+    def _cancel(self, ledger: int, entry: int) -> bool:
+        if not self._untrack_dead(ledger, entry):
+            return False
+        self._cancelled.add(ledger, entry)
+        self._moved.pop((ledger, entry), None)
+        self._n["cancelled"] += 1
+        return True
+
+    def cancel(self, ledger: int, entry: int) -> bool:
+        """Untrack a tracked position for good: True if it was tracked. A later add of it is
+        refused (``ADD_CANCELLED``) until :meth:`clear` or :meth:`forget_overrides_upto`."""
+        ledger, entry = as_i64(ledger), as_i64(entry)
+        check_ids(ledger, entry)
+        return self._cancel(ledger, entry)
+
+    def cancel_many(self, ledgers: object, entries: object) -> npt.NDArray[np.bool_]:
+        """:meth:`cancel` for each element, validated as a whole first; a bool array."""
+        ls, es = _int64_column(ledgers), _int64_column(entries)
+        if len(ls) != len(es):
+            raise ValueError(
+                f"cancel_many needs sequences of equal length, got {len(ls)}, {len(es)}"
+            )
+        bad = np.flatnonzero((ls < 0) | (es < 0) | (es > MAX_ENTRY_ID))
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(
+                f"element {i}: bad position ({ls[i]}, {es[i]}); need "
+                f"ledger_id >= 0 and 0 <= entry_id < 2**32"
+            )
+        return np.array(
+            [self._cancel(a, b) for a, b in zip(ls.tolist(), es.tolist(), strict=True)],
+            dtype=np.bool_,
+        )
+
+    def reschedule(self, ledger: int, entry: int, deliver_at: int, now: int) -> int:
+        """Move a position, tracked or not, to ``deliver_at`` (an override later adds keep);
+        returns :meth:`add`'s code for the new time (0: due now, untracked)."""
+        ledger, entry, deliver_at = as_i64(ledger), as_i64(entry), as_i64(deliver_at)
+        cutoff = self.cutoff_for(now)
+        check_ids(ledger, entry)
+        # The old node (if any) stays behind, dead: its time is not the override's (or, at the
+        # same time, it is a twin that poll skips once the position is delivered).
+        if not (len(self._cancelled) and self._cancelled.discard(ledger, entry)):
+            self._untrack_dead(ledger, entry)
+        self._moved[ledger, entry] = deliver_at
+        self._n["rescheduled"] += 1
+        return self._add(ledger, entry, deliver_at, cutoff)
+
+    def forget_overrides_upto(self, ledger: int, entry: int) -> int:
+        """Drop the cancel and reschedule overrides at or below ``(ledger, entry)`` (the
+        mark-delete passed them); returns how many."""
+        ledger, entry = as_i64(ledger), as_i64(entry)
+        gone = self._cancelled.remove_upto(ledger, entry)
+        old = [key for key in self._moved if key <= (ledger, entry)]
+        for key in old:
+            del self._moved[key]
+        return gone + len(old)
+
+    def live_keys(self, first: int, last: int) -> tuple[Any, Any, Any]:
+        """``(times, ledgers, entries)`` of the tracked positions with ``first <= deliver_at <=
+        last``, in no particular order (nothing is removed)."""
+        first, last = as_i64(first), as_i64(last)
+        ts, ls, es = self._heap.to_arrays()
+        keep = np.flatnonzero((ts >= first) & (ts <= last))
+        rows = [
+            i
+            for i, t, a, b in zip(
+                keep.tolist(),
+                ts[keep].tolist(),
+                ls[keep].tolist(),
+                es[keep].tolist(),
+                strict=True,
+            )
+            if self._live(t, a, b)
+        ]
+        idx = np.array(rows, dtype=np.int64)
+        if self._dead and len(idx):
+            _, ones = np.unique(np.stack([ls[idx], es[idx]]), axis=1, return_index=True)
+            idx = idx[np.sort(ones)]
+        return ts[idx], ls[idx], es[idx]
+
+    def due_histogram(self, edges: object) -> npt.NDArray[np.int64]:
+        """Tracked positions per ``[edges[i], edges[i+1])`` (``edges`` strictly increasing,
+        checked by the caller); an int64 array of ``len(edges) - 1`` counts."""
+        edges_arr = _int64_column(edges)
+        nb = len(edges_arr) - 1
+        if nb <= 0:
+            return np.zeros(0, dtype=np.int64)
+        times = self.live_keys(int(edges_arr[0]), int(edges_arr[-1]) - 1)[0]
+        bins = np.searchsorted(edges_arr, times, side="right") - 1
+        return np.bincount(bins, minlength=nb).astype(np.int64)
 
     def has_due(self, now: int) -> bool:
         """Whether some tracked position is due at ``now``."""
@@ -206,10 +343,14 @@ class TrackerCore(TickedCore):
         return self._count
 
     def clear(self) -> None:
-        """Drop every tracked position and reset fixed-delay detection."""
+        """Drop every tracked position, the cancel and reschedule overrides, and reset
+        fixed-delay detection."""
         self._heap.clear()
         self._bitmaps.clear()
         self._stale.clear()
+        self._dead = 0
+        self._cancelled.clear()
+        self._moved.clear()
         self._count = 0
         self._fixed_delay = True
         self._highest = 0
@@ -218,6 +359,8 @@ class TrackerCore(TickedCore):
     def memory_bytes(self) -> int:
         """Resident estimate: heap + bitmaps + index containers."""
         total = self._heap.nbytes + sys.getsizeof(self._bitmaps) + sys.getsizeof(self._stale)
+        total += self._cancelled.memory_bytes() + sys.getsizeof(self._moved)
+        total += _MOVED_ENTRY_BYTES * len(self._moved)
         return total + sum(sys.getsizeof(bm) + _BITMAP_OVERHEAD for bm in self._bitmaps.values())
 
     def counters(self) -> dict[str, Any]:
@@ -226,8 +369,11 @@ class TrackerCore(TickedCore):
             "tracked": self._count,
             "heap_nodes": len(self._heap),
             "stale_nodes": len(self._stale),
+            "dead_nodes": self._dead,
             "bitmaps": len(self._bitmaps),
             **self._n,
+            "cancel_overrides": len(self._cancelled),
+            "reschedule_overrides": len(self._moved),
             "fixed_delay": self._fixed_delay,
             "highest_deliver_at": self._highest,
         }
@@ -238,18 +384,25 @@ class TrackerCore(TickedCore):
         cardinality = sum(len(bm) for bm in self._bitmaps.values())
         if cardinality != self._count:
             raise AssertionError(f"count {self._count} != bitmap cardinality {cardinality}")
-        if len(self._heap) != self._count + len(self._stale):
+        if len(self._heap) != self._count + len(self._stale) + self._dead:
             raise AssertionError(
                 f"heap has {len(self._heap)} nodes, expected count {self._count} + stale "
-                f"{len(self._stale)}"
+                f"{len(self._stale)} + dead {self._dead}"
             )
-        _, ls, es = self._heap.to_arrays()
-        seen: set[tuple[int, int]] = set()
-        for pos in zip(ls.tolist(), es.tolist(), strict=True):
-            if pos in seen:
-                raise AssertionError(f"position {pos} has two heap nodes")
-            seen.add(pos)
-            bm = self._bitmaps.get(pos[0])
-            tracked = bm is not None and pos[1] in bm
-            if tracked == (pos in self._stale):
-                raise AssertionError(f"position {pos}: tracked={tracked}, stale={not tracked}")
+        ts, ls, es = self._heap.to_arrays()
+        live: set[tuple[int, int]] = set()
+        for time, ledger, entry in zip(ts.tolist(), ls.tolist(), es.tolist(), strict=True):
+            pos = (ledger, entry)
+            bm = self._bitmaps.get(ledger)
+            tracked = bm is not None and entry in bm
+            if tracked and pos in self._stale:
+                raise AssertionError(f"position {pos} is tracked and stale")
+            if tracked and self._cancelled.contains(ledger, entry):
+                raise AssertionError(f"position {pos} is tracked and cancelled")
+            if self._live(time, ledger, entry):
+                live.add(pos)
+        if not self._dead and len(live) != len(ts) - len(self._stale):
+            raise AssertionError("a position has two live nodes without a reschedule")
+        tracked_count = sum(len(bm) for bm in self._bitmaps.values())
+        if len(live) != tracked_count:
+            raise AssertionError(f"{tracked_count} tracked positions, {len(live)} with a live node")

@@ -28,6 +28,7 @@ from delayindex.config import TrackerConfig
 from delayindex.errors import TrackerClosedError
 from delayindex.model import ADD_DELIVER, ADD_TRACKED, MAX_ENTRY_ID, MAX_TIME, MIN_TIME, Position
 from delayindex.timers import ArmingRule, Timer
+from delayindex.tracker._browse import histogram_edges, select_pending, time_range
 from delayindex.tracker._front import TrackerFront, as_count
 
 _DEFAULT_CONFIG = TrackerConfig()
@@ -133,6 +134,93 @@ class InMemoryTracker(TrackerFront):
                 self._rearm(now)
             return tracked  # type: ignore[no-any-return]
 
+    # -- cancel, reschedule, browse -----------------------------------------------------------
+
+    def cancel(self, ledger_id: int, entry_id: int) -> bool:
+        """Untrack a scheduled message for good: it is never delivered, and a later ``add`` of
+        the same position is refused (returns True: do not deliver) until :meth:`clear`.
+
+        Returns True if the position was tracked, False otherwise (nothing changes). O(1): the
+        heap node stays behind and is skipped when it reaches the head.
+
+        Raises:
+            ValueError: an id is out of range. TypeError: an id is not an int.
+            TrackerClosedError: the tracker is closed.
+        """
+        with self._lock:
+            try:
+                return bool(self._core.cancel(ledger_id, entry_id))
+            except (TypeError, OverflowError):
+                _diagnose(ledger_id=ledger_id, entry_id=entry_id)
+                raise
+
+    def cancel_many(self, ledger_ids: object, entry_ids: object) -> npt.NDArray[np.bool_]:
+        """:meth:`cancel` each ``(ledger_ids[i], entry_ids[i])``; everything is validated
+        before anything changes. Returns a bool array (True = it was tracked).
+
+        Raises:
+            ValueError: lengths differ or an id is out of range. TypeError: a value is not an
+            integer. TrackerClosedError: the tracker is closed.
+        """
+        ledgers = as_int64_array(ledger_ids, "ledger_ids")
+        entries = as_int64_array(entry_ids, "entry_ids")
+        with self._lock:
+            return self._core.cancel_many(ledgers, entries)  # type: ignore[no-any-return]
+
+    def reschedule(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
+        """Move a position, tracked or not, to ``deliver_at``; a later ``add`` of it keeps the
+        new time (until :meth:`clear`), and a cancelled one is scheduled again.
+
+        Returns what :meth:`add` returns for the new time: True (tracked), False (due now: it
+        is untracked, deliver it).
+
+        Raises:
+            ValueError: an id is out of range or ``deliver_at`` does not fit int64.
+            TypeError: an argument is not an int. TrackerClosedError: the tracker is closed.
+        """
+        with self._lock:
+            now = self._clock()
+            try:
+                code = self._core.reschedule(ledger_id, entry_id, deliver_at, now)
+            except (TypeError, OverflowError):
+                _diagnose(ledger_id=ledger_id, entry_id=entry_id, deliver_at=deliver_at)
+                self._now()
+                raise
+            self._rearm(now)
+            return bool(code != ADD_DELIVER)
+
+    def pending(
+        self, start_ms: int | None = None, end_ms: int | None = None, limit: int = 1000
+    ) -> list[tuple[int, Position]]:
+        """Up to ``limit`` tracked positions with ``start_ms <= deliver_at < end_ms`` (None:
+        unbounded), in ``(deliver_at, position)`` order, as ``(deliver_at, Position)`` pairs.
+        Nothing is removed. O(n) in the tracked messages.
+
+        Raises:
+            TypeError: a bound or ``limit`` is not an int. ValueError: a bound beyond int64.
+        """
+        bounds = time_range(start_ms, end_ms)
+        as_count(limit, "limit")
+        with self._lock:
+            if bounds is None or self._closed:
+                return []
+            times, ledgers, entries = self._core.live_keys(*bounds)
+        return select_pending(times, ledgers, entries, limit)
+
+    def due_histogram(self, edges: object) -> npt.NDArray[np.int64]:
+        """Exact count of tracked positions per ``[edges[i], edges[i+1])``; ``edges`` are
+        strictly increasing ints (at least two). O(n) in the tracked messages.
+
+        Raises:
+            TypeError: an edge is not an integer. ValueError: fewer than two edges, not
+            strictly increasing, or beyond int64.
+        """
+        bins = histogram_edges(edges)
+        with self._lock:
+            if self._closed:
+                return np.zeros(len(bins) - 1, dtype=np.int64)
+            return self._core.due_histogram(bins)  # type: ignore[no-any-return]
+
     # -- delivering ---------------------------------------------------------------------------
 
     def has_message_available(self) -> bool:
@@ -214,7 +302,8 @@ class InMemoryTracker(TrackerFront):
             return out
 
     def clear(self) -> None:
-        """Drop every tracked message and cancel the timer."""
+        """Drop every tracked message, the cancel and reschedule overrides, and cancel the
+        timer."""
         with self._lock:
             self._core.clear()
             if self._arming is not None:
@@ -247,7 +336,7 @@ class _ClosedCore:
     def _closed(self, *args: object) -> Any:
         raise TrackerClosedError("the tracker is closed")
 
-    add = add_many = poll = _closed
+    add = add_many = poll = cancel = cancel_many = reschedule = _closed
 
     def contains(self, ledger: int, entry: int) -> bool:
         return False

@@ -1,0 +1,311 @@
+"""Cancel, reschedule and browse (API.md "Cancel, reschedule, browse"): the contract, per tracker.
+
+``KINDS`` lists the trackers that have these members (InMemoryTracker so far); each test runs
+on both builds through the suite's ``DELAYINDEX_NO_EXTENSIONS`` switch. The stateful machine at
+the end runs the front against a plain dict model with cancels and reschedules interleaved with
+adds, polls, clock moves and clears; ``_check`` runs after every step.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from delayindex import InMemoryTracker, ManualClock, Position, TrackerClosedError, TrackerConfig
+
+T0 = 1_000_000
+CONFIG = TrackerConfig(tick_ms=10)
+
+
+def _in_memory(clock: ManualClock) -> Any:
+    return InMemoryTracker(CONFIG, clock=clock)
+
+
+KINDS: dict[str, Callable[[ManualClock], Any]] = {"in_memory": _in_memory}
+
+
+@pytest.fixture(params=sorted(KINDS))
+def tracker(request: pytest.FixtureRequest) -> Any:
+    clock = ManualClock(T0)
+    made = KINDS[request.param](clock)
+    made.clock = clock
+    yield made
+    made.close()
+
+
+def _fill(tracker: Any) -> None:
+    for entry in range(10):
+        assert tracker.add(1, entry, T0 + 100 + 10 * entry)
+
+
+def test_cancel_untracks_for_good(tracker: Any) -> None:
+    _fill(tracker)
+    assert tracker.cancel(1, 3) is True
+    assert not tracker.contains(1, 3) and len(tracker) == 9
+    assert tracker.cancel(1, 3) is False  # no longer tracked
+    assert tracker.add(1, 3, T0 + 500) is True  # refused: not tracked, not to be delivered
+    assert not tracker.contains(1, 3) and len(tracker) == 9
+    assert tracker.add(1, 3, T0 - 5) is True  # a due re-add is refused too
+    tracker.clock.advance(10_000)
+    got = tracker.poll(100)
+    assert Position(1, 3) not in got and len(got) == 9
+    tracker._core._check()
+
+
+def test_cancel_of_an_unknown_position_is_false_and_changes_nothing(tracker: Any) -> None:
+    _fill(tracker)
+    assert tracker.cancel(2, 0) is False
+    assert tracker.add(2, 0, T0 + 50) is True and tracker.contains(2, 0)
+    assert tracker.stats()["cancel_overrides"] == 0
+
+
+def test_cancel_many_validates_the_whole_batch_first(tracker: Any) -> None:
+    _fill(tracker)
+    with pytest.raises(ValueError, match="bad position"):
+        tracker.cancel_many([1, 1], [0, 2**32])
+    with pytest.raises(TypeError):
+        tracker.cancel_many([1, 1], [0, 1.5])
+    with pytest.raises(ValueError, match="equal length"):
+        tracker.cancel_many([1, 1], [0])
+    assert len(tracker) == 10
+    out = tracker.cancel_many(np.array([1, 1, 1, 9]), np.array([0, 0, 5, 9]))
+    assert out.dtype == np.bool_ and out.tolist() == [True, False, True, False]
+    assert len(tracker) == 8
+
+
+def test_bad_ids_raise_and_change_nothing(tracker: Any) -> None:
+    _fill(tracker)
+    for args, error in [((-1, 0), ValueError), ((1, 2**32), ValueError), ((1, "x"), TypeError),
+                        ((True, 0), TypeError), ((1.0, 0), TypeError)]:  # fmt: skip
+        with pytest.raises(error):
+            tracker.cancel(*args)
+        with pytest.raises(error):
+            tracker.reschedule(*args, T0 + 5)
+    with pytest.raises(TypeError):
+        tracker.reschedule(1, 0, 1.5)
+    with pytest.raises((ValueError, OverflowError)):
+        tracker.reschedule(1, 0, 2**63)
+    assert len(tracker) == 10 and tracker.stats()["reschedule_overrides"] == 0
+
+
+def test_reschedule_moves_later_earlier_and_into_the_past(tracker: Any) -> None:
+    _fill(tracker)
+    assert tracker.reschedule(1, 0, T0 + 5_000) is True  # later
+    assert tracker.reschedule(1, 9, T0 + 50) is True  # earlier
+    assert tracker.reschedule(1, 5, T0 - 1) is False  # the past: due now, untracked
+    assert not tracker.contains(1, 5) and len(tracker) == 9
+    assert tracker.next_delivery_time() == T0 + 50
+    # The dispatcher's replay re-adds with the original times: the new times hold.
+    assert tracker.add(1, 0, T0 + 100) is True
+    assert tracker.add(1, 5, T0 + 150) is False  # still due now
+    tracker.clock.advance(45)  # the cutoff (tick 10) reaches T0 + 55
+    assert tracker.poll(100) == [Position(1, 9)]
+    tracker.clock.advance(200)
+    assert tracker.poll(100) == [Position(1, e) for e in (1, 2, 3, 4, 6, 7, 8)]
+    tracker.clock.advance(10_000)
+    assert tracker.poll(100) == [Position(1, 0)]
+    tracker._core._check()
+
+
+def test_reschedule_tracks_an_untracked_position_and_revives_a_cancelled_one(
+    tracker: Any,
+) -> None:
+    assert tracker.reschedule(7, 1, T0 + 100) is True and tracker.contains(7, 1)
+    assert tracker.add(7, 1, T0 + 900) is True  # a duplicate: the override time stands
+    assert tracker.pending() == [(T0 + 100, Position(7, 1))]
+    assert tracker.cancel(7, 1) and tracker.reschedule(7, 1, T0 + 300) is True
+    assert tracker.pending() == [(T0 + 300, Position(7, 1))]
+    tracker.clock.advance(300)
+    assert tracker.poll(10) == [Position(7, 1)] and len(tracker) == 0
+    tracker._core._check()
+
+
+def test_pending_is_ordered_bounded_and_removes_nothing(tracker: Any) -> None:
+    _fill(tracker)
+    tracker.add(0, 7, T0 + 100)  # ties with (1, 0): position order decides
+    everything = tracker.pending(limit=100)
+    assert [t for t, _ in everything] == sorted(t for t, _ in everything)
+    assert everything[:2] == [(T0 + 100, Position(0, 7)), (T0 + 100, Position(1, 0))]
+    assert tracker.pending(T0 + 120, T0 + 150) == [
+        (T0 + 120, Position(1, 2)), (T0 + 130, Position(1, 3)), (T0 + 140, Position(1, 4))
+    ]  # fmt: skip
+    assert tracker.pending(limit=3) == everything[:3]
+    assert tracker.pending(start_ms=T0 + 180) == everything[-2:]
+    assert tracker.pending(end_ms=T0 + 100) == [] and tracker.pending(limit=0) == []
+    assert tracker.pending(T0 + 150, T0 + 150) == [] and tracker.pending(T0 + 9, T0 + 1) == []
+    assert len(tracker) == 11
+    for bad in ({"start_ms": 1.5}, {"end_ms": "x"}, {"limit": 2.0}, {"start_ms": True}):
+        with pytest.raises(TypeError):
+            tracker.pending(**bad)
+    with pytest.raises(ValueError):
+        tracker.pending(end_ms=2**64)
+
+
+def test_pending_includes_the_largest_time(tracker: Any) -> None:
+    tracker.add(1, 1, 2**63 - 1)
+    assert tracker.pending() == [(2**63 - 1, Position(1, 1))]
+    assert tracker.pending(end_ms=2**63 - 1) == []
+    assert tracker.due_histogram([0, 2**63 - 1]).tolist() == [0]
+
+
+def test_due_histogram_counts_exactly(tracker: Any) -> None:
+    _fill(tracker)
+    tracker.cancel(1, 2)
+    tracker.reschedule(1, 9, T0 + 105)
+    counts = tracker.due_histogram([T0, T0 + 110, T0 + 150, T0 + 1_000])
+    assert counts.dtype == np.int64 and counts.tolist() == [
+        2,
+        3,
+        4,
+    ]  # 100,105 | 110,130,140 | 150-180
+    assert tracker.due_histogram(np.array([T0 + 101, T0 + 102])).tolist() == [0]
+    bad_edges: list[tuple[object, type[Exception]]] = [
+        ([1], ValueError), ([2, 1], ValueError), ([1, 1], ValueError),
+        ([1, 2.5], TypeError), ("ab", TypeError), ([0, 2**64], ValueError),
+    ]  # fmt: skip
+    for bad, error in bad_edges:
+        with pytest.raises(error):
+            tracker.due_histogram(bad)
+
+
+def test_clear_forgets_the_overrides(tracker: Any) -> None:
+    _fill(tracker)
+    tracker.cancel(1, 0)
+    tracker.reschedule(1, 1, T0 + 9_000)
+    tracker.clear()
+    assert tracker.add(1, 0, T0 + 100) is True and tracker.contains(1, 0)
+    assert tracker.add(1, 1, T0 + 110) is True
+    assert tracker.pending() == [(T0 + 100, Position(1, 0)), (T0 + 110, Position(1, 1))]
+
+
+def test_a_closed_tracker_refuses_changes_and_browses_empty(tracker: Any) -> None:
+    _fill(tracker)
+    tracker.close()
+    with pytest.raises(TrackerClosedError):
+        tracker.cancel(1, 0)
+    with pytest.raises(TrackerClosedError):
+        tracker.cancel_many([1], [0])
+    with pytest.raises(TrackerClosedError):
+        tracker.reschedule(1, 0, T0 + 5)
+    assert tracker.pending() == [] and tracker.due_histogram([0, 1]).tolist() == [0]
+
+
+# -- stateful: the front against a dict model ---------------------------------------------------
+
+ledgers = st.integers(0, 2)
+entries = st.integers(0, 3)
+offsets = st.integers(-20, 60)
+
+
+class CancelMachine(RuleBasedStateMachine):
+    """A tracker against ``position -> deliver_at`` plus the two override maps."""
+
+    @initialize(kind=st.sampled_from(sorted(KINDS)))
+    def build(self, kind: str) -> None:
+        self.clock = ManualClock(T0)
+        self.tracker = KINDS[kind](self.clock)
+        self.tracked: dict[tuple[int, int], int] = {}
+        self.cancelled: set[tuple[int, int]] = set()
+        self.moved: dict[tuple[int, int], int] = {}
+
+    def teardown(self) -> None:
+        if hasattr(self, "tracker"):
+            self.tracker.close()
+
+    def _cutoff(self) -> int:
+        return self.clock() + CONFIG.tick_ms
+
+    def _add(self, pos: tuple[int, int], t: int) -> bool:
+        if pos in self.cancelled:
+            return True
+        t = self.moved.get(pos, t)
+        if t <= self._cutoff():
+            self.tracked.pop(pos, None)
+            return False
+        self.tracked.setdefault(pos, t)
+        return True
+
+    @rule(ledger=ledgers, entry=entries, offset=offsets)
+    def add(self, ledger: int, entry: int, offset: int) -> None:
+        t = self.clock() + offset
+        assert self.tracker.add(ledger, entry, t) == self._add((ledger, entry), t)
+
+    @rule(ledger=ledgers, entry=entries)
+    def cancel(self, ledger: int, entry: int) -> None:
+        pos = (ledger, entry)
+        expected = pos in self.tracked
+        if expected:
+            del self.tracked[pos]
+            self.cancelled.add(pos)
+            self.moved.pop(pos, None)
+        assert self.tracker.cancel(ledger, entry) == expected
+
+    @rule(batch=st.lists(st.tuples(ledgers, entries), max_size=6))
+    def cancel_many(self, batch: list[tuple[int, int]]) -> None:
+        expected = []
+        for pos in batch:
+            expected.append(pos in self.tracked)
+            if pos in self.tracked:
+                del self.tracked[pos]
+                self.cancelled.add(pos)
+                self.moved.pop(pos, None)
+        got = self.tracker.cancel_many([p[0] for p in batch], [p[1] for p in batch])
+        assert got.tolist() == expected
+
+    @rule(ledger=ledgers, entry=entries, offset=offsets)
+    def reschedule(self, ledger: int, entry: int, offset: int) -> None:
+        pos, t = (ledger, entry), self.clock() + offset
+        self.cancelled.discard(pos)
+        self.tracked.pop(pos, None)
+        self.moved[pos] = t
+        assert self.tracker.reschedule(ledger, entry, t) == self._add(pos, t)
+
+    @rule(n=st.integers(0, 5))
+    def poll(self, n: int) -> None:
+        due = sorted((t, *p) for p, t in self.tracked.items() if t <= self._cutoff())[:n]
+        for _, *p in due:
+            del self.tracked[tuple(p)]  # type: ignore[arg-type]
+        assert self.tracker.poll(n) == sorted(Position(a, b) for _, a, b in due)
+
+    @rule(ms=st.integers(0, 40))
+    def advance(self, ms: int) -> None:
+        self.clock.advance(ms)
+
+    @rule()
+    def clear(self) -> None:
+        self.tracker.clear()
+        self.tracked.clear()
+        self.cancelled.clear()
+        self.moved.clear()
+
+    @rule(start=st.integers(-30, 70), width=st.integers(0, 80), limit=st.integers(0, 6))
+    def browse(self, start: int, width: int, limit: int) -> None:
+        lo, hi = self.clock() + start, self.clock() + start + width
+        want = sorted((t, p) for p, t in self.tracked.items() if lo <= t < hi)[:limit]
+        got = self.tracker.pending(lo, hi, limit)
+        assert [(t, tuple(p)) for t, p in got] == want
+        edges = sorted({lo, (lo + hi) // 2 + 1, hi + 1})
+        counts = [
+            sum(1 for t in self.tracked.values() if lo_ <= t < hi_)
+            for lo_, hi_ in itertools.pairwise(edges)
+        ]
+        assert self.tracker.due_histogram(edges).tolist() == counts
+
+    @invariant()
+    def agree(self) -> None:
+        if not hasattr(self, "tracker"):
+            return
+        self.tracker._core._check()
+        assert len(self.tracker) == len(self.tracked)
+        for ledger in range(3):
+            for entry in range(4):
+                assert self.tracker.contains(ledger, entry) == ((ledger, entry) in self.tracked)
+
+
+TestCancelStateful = CancelMachine.TestCase
