@@ -46,7 +46,7 @@ import struct
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from heapq import heappop, heappush
 from typing import Any
 
@@ -90,6 +90,28 @@ class _SetTracker:
         with self._lock:
             return (ledger_id, entry_id) in self._positions
 
+    def cancel(self, ledger_id: int, entry_id: int) -> bool:
+        """Untrack the position; its node is skipped lazily when it reaches the head (``poll``
+        skips positions not in the set). True if it was tracked."""
+        with self._lock:
+            position = (ledger_id, entry_id)
+            if position in self._positions:
+                self._positions.remove(position)
+                return True
+            return False
+
+    def due_histogram(self, edges: Sequence[int]) -> Int64Array:
+        """Tracked positions per ``[edges[i], edges[i+1])``: a scan of the ordered structure
+        that skips the untracked nodes."""
+        with self._lock:
+            positions = self._positions
+            times = [t for t, ledger, entry in self._ordered() if (ledger, entry) in positions]
+        counts, _ = np.histogram(np.array(times, dtype=np.int64), bins=np.asarray(edges))
+        return counts.astype(np.int64)
+
+    def _ordered(self) -> Iterable[tuple[int, int, int]]:
+        raise NotImplementedError
+
     def tracked_entries(self, ledger_id: int, first_entry: int, last_entry: int) -> list[int]:
         """Tracked entry ids of ``ledger_id`` in ``[first_entry, last_entry]``, in order."""
         with self._lock:
@@ -115,6 +137,9 @@ class HeapqSetTracker(_SetTracker):
     """
 
     __slots__ = ("_heap",)
+
+    def _ordered(self) -> Iterable[tuple[int, int, int]]:
+        return self._heap
 
     def __init__(self, clock: Clock, tick_ms: int = 1000) -> None:
         super().__init__(clock, tick_ms)
@@ -157,6 +182,9 @@ class SortedListSetTracker(_SetTracker):
     """
 
     __slots__ = ("_items",)
+
+    def _ordered(self) -> Iterable[tuple[int, int, int]]:
+        return self._items
 
     def __init__(self, clock: Clock, tick_ms: int = 1000) -> None:
         super().__init__(clock, tick_ms)
