@@ -56,7 +56,7 @@ cdef class TrackerCore:
     cdef dict bitmaps            # ledger id -> pyroaring.BitMap of tracked entry ids
     cdef set stale               # (ledger, entry) whose heap node is no longer tracked
     cdef Py_ssize_t dead         # nodes of cancelled positions (neither tracked nor stale)
-    cdef object cancelled        # LedgerIndex: cancel overrides (a re-add is refused)
+    cdef LedgerIndex cancelled   # cancel overrides (a re-add is refused)
     cdef Py_ssize_t n_cancel_overrides  # len(cancelled), kept here for the add path
     cdef dict moved              # (ledger, entry) -> deliver_at: reschedule overrides
     cdef object last_bm          # cache: bitmap of the most recently used ledger
@@ -184,7 +184,7 @@ cdef class TrackerCore:
                   int64_t cutoff) except -1:
         cdef object bm, moved_to
         self.n_add_calls += 1
-        if self.n_cancel_overrides and self.cancelled.contains(ledger, entry):
+        if self.n_cancel_overrides and self.cancelled.ccontains(ledger, entry):
             self.n_refused_cancelled += 1
             return ADD_CANCELLED_
         if self.moved:
@@ -362,8 +362,8 @@ cdef class TrackerCore:
     cdef bint ccancel(self, int64_t ledger, int64_t entry) except -1:
         if not self.untrack_dead(ledger, entry):
             return False
-        self.cancelled.add(ledger, entry)
-        self.n_cancel_overrides = len(self.cancelled)
+        self.cancelled.cadd(ledger, entry)
+        self.n_cancel_overrides = self.cancelled.count
         if self.moved:
             self.moved.pop((ledger, entry), None)
         self.n_cancelled += 1
@@ -405,7 +405,7 @@ cdef class TrackerCore:
         check_ids(c_ledger, c_entry)
         # The old node (if any) stays behind, dead: its time is not the override's (or, at the
         # same time, it is a twin that poll skips once the position is delivered).
-        if self.n_cancel_overrides and self.cancelled.discard(c_ledger, c_entry):
+        if self.n_cancel_overrides and self.cancelled.cdiscard(c_ledger, c_entry):
             self.n_cancel_overrides -= 1
         else:
             self.untrack_dead(c_ledger, c_entry)
