@@ -43,6 +43,8 @@ class BucketCoreMachine(RuleBasedStateMachine):
         self.tracked: dict[tuple[int, int], int] = {}
         self.mark = (-1, -1)
         self.cutoff = 0
+        self.cancelled: set[tuple[int, int]] = set()
+        self.moved: dict[tuple[int, int], int] = {}
 
     @initialize(
         tick=st.integers(0, 5),
@@ -123,16 +125,64 @@ class BucketCoreMachine(RuleBasedStateMachine):
             self._seal(segment_size)
             code = self._both("add", ledger, entry, t, self.now)
             assert code != 3
-        assert (code == 4) == ((ledger, entry) <= self.mark), (ledger, entry, t, code)
+        self._apply_add((ledger, entry), t, code)
+
+    def _apply_add(self, pos: tuple[int, int], t: int, code: int) -> None:
+        assert (code == 4) == (pos <= self.mark), (pos, t, code)
         if code == 4:
             return
+        assert (code == 5) == (pos in self.cancelled), (pos, code)
+        if code == 5:
+            assert pos not in self.tracked
+            return
+        t = self.moved.get(pos, t)
         if code == 0:
-            self.tracked.pop((ledger, entry), None)
+            assert t < 0 or t <= self._cutoff()
+            self.tracked.pop(pos, None)
         elif code == 1:
-            assert (ledger, entry) not in self.tracked
-            self.tracked[(ledger, entry)] = t
+            assert pos not in self.tracked
+            self.tracked[pos] = t
         else:
-            assert (ledger, entry) in self.tracked
+            assert code == 2 and pos in self.tracked
+
+    @rule(ledger=ledgers, entry=entries)
+    def cancel(self, ledger: int, entry: int) -> None:
+        pos = (ledger, entry)
+        assert self._both("cancel", ledger, entry) == (pos in self.tracked)
+        if pos in self.tracked:
+            del self.tracked[pos]
+            self.cancelled.add(pos)
+            self.moved.pop(pos, None)
+
+    @rule(batch=st.lists(st.tuples(ledgers, entries), max_size=5))
+    def cancel_many(self, batch: list[tuple[int, int]]) -> None:
+        ls, es = (np.array([b[i] for b in batch], dtype=np.int64) for i in (0, 1))
+        got = self._both("cancel_many", ls, es).tolist()
+        want = []
+        for pos in batch:
+            want.append(pos in self.tracked)
+            if pos in self.tracked:
+                del self.tracked[pos]
+                self.cancelled.add(pos)
+                self.moved.pop(pos, None)
+        assert got == want
+
+    @rule(ledger=ledgers, entry=entries, t=times, segment_size=st.integers(1, 3))
+    def reschedule(self, ledger: int, entry: int, t: int, segment_size: int) -> None:
+        pos = (ledger, entry)
+        code = self._both("reschedule", ledger, entry, t, self.now)
+        if code == 3:
+            self._seal(segment_size)
+            code = self._both("reschedule", ledger, entry, t, self.now)
+            assert code != 3
+        if pos <= self.mark:
+            assert code == 4
+            return
+        self.cancelled.discard(pos)
+        self.tracked.pop(pos, None)
+        self.moved[pos] = t
+        assert code in (0, 1), code
+        self._apply_add(pos, t, code)
 
     @rule(
         batch=st.lists(st.tuples(ledgers, entries, times), min_size=1, max_size=6),
@@ -150,12 +200,13 @@ class BucketCoreMachine(RuleBasedStateMachine):
             assert stops[0] == stops[1]
             for i in range(start, stops[0]):
                 key = (int(ls[i]), int(es[i]))
-                if key <= self.mark:
-                    assert outs[0][i], f"{key} is at or below the mark {self.mark}"
+                if key <= self.mark or key in self.cancelled:
+                    assert outs[0][i], f"{key} is acknowledged or cancelled"
+                    assert key not in self.tracked
                 elif not outs[0][i]:
                     self.tracked.pop(key, None)
                 else:
-                    self.tracked.setdefault(key, int(ts[i]))
+                    self.tracked.setdefault(key, self.moved.get(key, int(ts[i])))
             if stops[0] >= len(ls):
                 break
             self._seal(segment_size)
@@ -224,6 +275,8 @@ class BucketCoreMachine(RuleBasedStateMachine):
         self.mark = max(self.mark, (ledger, entry))
         for key in [k for k in self.tracked if k <= (ledger, entry)]:
             del self.tracked[key]
+        self.cancelled = {k for k in self.cancelled if k > (ledger, entry)}
+        self.moved = {k: t for k, t in self.moved.items() if k > (ledger, entry)}
 
     @rule(ledger=ledgers, entry=entries)
     def count_upto(self, ledger: int, entry: int) -> None:
@@ -238,6 +291,8 @@ class BucketCoreMachine(RuleBasedStateMachine):
         self.pending.clear()
         self.segments.clear()
         self.mark = (-1, -1)
+        self.cancelled.clear()
+        self.moved.clear()
 
     @rule(ledger=ledgers, values=st.lists(entries, max_size=3))
     def restore(self, ledger: int, values: list[int]) -> None:
@@ -245,6 +300,8 @@ class BucketCoreMachine(RuleBasedStateMachine):
         # before the mark is applied (so never at or below it).
         if any(k[0] == ledger for k in self.tracked) or ledger <= self.mark[0]:
             return
+        if any(k[0] == ledger for k in (*self.cancelled, *self.moved)):
+            return  # recovery applies the stored overrides after restoring
         self._both("restore", ledger, BitMap(values))
         for entry in values:
             self.tracked[(ledger, entry)] = -(10**9)  # recovered: time unknown to the model
@@ -271,6 +328,11 @@ class BucketCoreMachine(RuleBasedStateMachine):
         assert self.cores[0].loaded == self.cores[1].loaded
         a, b = self.cores[0].counters(), self.cores[1].counters()
         assert a == b
+        cl, ce, ml, me, mt = self._both("overrides")
+        assert set(zip(cl.tolist(), ce.tolist(), strict=True)) == self.cancelled
+        assert dict(zip(zip(ml.tolist(), me.tolist(), strict=True), mt.tolist(), strict=True)) == (
+            self.moved
+        )
 
 
 TestBucketCoreDifferential = BucketCoreMachine.TestCase

@@ -16,6 +16,14 @@
 # tracked in the direct heap while their ledger is in a sealed range; their segment copies are
 # obsolete.
 #
+# Cancel and reschedule. ``cancel`` untracks (its copies are skipped on pop like any untracked
+# one) and records the position in ``cancelled``, a compact bitmap: a later add is refused
+# (code 5) until the mark passes it. ``reschedule`` untracks as a due re-add does (``stale``, so
+# the heap copies are purged when it is tracked again; a sealed-range position goes to the
+# direct heap and its segment copies are shadowed), records ``moved[pos] = time`` (a later add
+# keeps that time) and adds it at the new time. ``untrack_upto`` forgets both overrides at or
+# below the mark; ``clear`` forgets them all.
+#
 # Invariants (_check): the index's own; heads holds exactly one key per live source, equal to
 # its head or placeholder, in heap order; array cursors lie within their arrays; mutable nodes
 # lie in the mutable range.
@@ -99,6 +107,8 @@ cdef class BucketCore:
     cdef int64_t mutable_start, mutable_end
     cdef set stale
     cdef set shadow
+    cdef LedgerIndex cancelled    # cancel overrides (a re-add is refused)
+    cdef dict moved               # (ledger, entry) -> deliver_at: reschedule overrides
     cdef dict sources
     cdef Head* heads
     cdef Py_ssize_t nheads, heads_cap
@@ -116,6 +126,7 @@ cdef class BucketCore:
     cdef int64_t highest
     cdef int64_t n_add_calls, n_added, n_duplicates, n_rejected, n_untracked_due
     cdef int64_t n_delivered, n_skipped, n_polls, n_direct, n_acked_on_add
+    cdef int64_t n_cancelled, n_rescheduled, n_refused_cancelled
 
     def __cinit__(self, int64_t tick_ms, bint strict, int64_t fixed_delay_lookahead,
                   int64_t min_index_count_per_bucket):
@@ -135,6 +146,8 @@ cdef class BucketCore:
         self.mutable_start = self.mutable_end = -1
         self.stale = set()
         self.shadow = set()
+        self.cancelled = LedgerIndex()
+        self.moved = {}
         self.sources = {}
         self.heads = NULL
         self.ranges = SortedDict()
@@ -290,7 +303,93 @@ cdef class BucketCore:
         self.mutable_dirty = True
         if self.shadow:
             self.shadow = {p for p in self.shadow if p > (ledger, entry)}
+        if self.cancelled.count:
+            self.cancelled.remove_upto(ledger, entry)
+        if self.moved:
+            self.moved = {p: t for p, t in self.moved.items() if p > (ledger, entry)}
         return removed
+
+    # -- cancel and reschedule ------------------------------------------------------------------
+
+    cdef inline bint acked(self, int64_t ledger, int64_t entry) noexcept:
+        return ledger < self.mark_ledger or (ledger == self.mark_ledger and entry <= self.mark_entry)
+
+    cdef bint ccancel(self, int64_t ledger, int64_t entry) except -1:
+        if not self.untrack(ledger, entry):
+            return False
+        self.cancelled.cadd(ledger, entry)
+        if self.moved:
+            self.moved.pop((ledger, entry), None)
+        if self.shadow:
+            self.shadow.discard((ledger, entry))
+        self.n_cancelled += 1
+        return True
+
+    def cancel(self, ledger, entry) -> bool:
+        """Untrack a tracked position for good: True if it was tracked. A later add of it is
+        refused (code 5) until the mark passes it or :meth:`clear`."""
+        cdef int64_t c_ledger = as_i64(ledger)
+        cdef int64_t c_entry = as_i64(entry)
+        check_ids(c_ledger, c_entry)
+        return self.ccancel(c_ledger, c_entry)
+
+    def cancel_many(self, const int64_t[:] ledgers not None, const int64_t[:] entries not None):
+        """:meth:`cancel` for each element, validated as a whole first; a bool array."""
+        cdef Py_ssize_t k = ledgers.shape[0], i
+        cdef uint8_t[::1] view
+        if entries.shape[0] != k:
+            raise ValueError(
+                f"cancel_many needs sequences of equal length, got {k}, {entries.shape[0]}")
+        for i in range(k):
+            if ledgers[i] < 0 or entries[i] < 0 or entries[i] > MAX_ENTRY:
+                raise ValueError(
+                    f"element {i}: bad position ({ledgers[i]}, {entries[i]}); need "
+                    f"ledger_id >= 0 and 0 <= entry_id < 2**32")
+        out = np.zeros(k, dtype=np.bool_)
+        view = out.view(np.uint8)
+        for i in range(k):
+            view[i] = self.ccancel(ledgers[i], entries[i])
+        return out
+
+    def reschedule(self, ledger, entry, deliver_at, now) -> int:
+        """Move a position, tracked or not, to ``deliver_at`` (an override later adds keep);
+        returns :meth:`add`'s code for the new time. On 3 (seal first) the override is recorded
+        and the position untracked: seal and call again."""
+        cdef int64_t c_ledger = as_i64(ledger)
+        cdef int64_t c_entry = as_i64(entry)
+        cdef int64_t c_deliver_at = as_i64(deliver_at)
+        cdef int64_t c_now = as_i64(now)
+        check_ids(c_ledger, c_entry)
+        if self.acked(c_ledger, c_entry):
+            self.n_add_calls += 1
+            self.n_acked_on_add += 1
+            return 4
+        if self.cancelled.count:
+            self.cancelled.cdiscard(c_ledger, c_entry)
+        self.untrack(c_ledger, c_entry)
+        # Its copies may remain anywhere: heap copies are purged when it is tracked again, a
+        # sealed-range one goes to the direct heap with its segment copies shadowed.
+        self.stale.add((c_ledger, c_entry))
+        if self.shadow:
+            self.shadow.discard((c_ledger, c_entry))
+        self.moved[(c_ledger, c_entry)] = c_deliver_at
+        self.n_rescheduled += 1
+        return self.cadd(c_ledger, c_entry, c_deliver_at, self.cutoff(c_now))
+
+    def overrides(self) -> tuple:
+        """The cancel and reschedule overrides, for persistence: ``(cancelled_ledgers,
+        cancelled_entries, moved_ledgers, moved_entries, moved_times)`` int64 arrays in
+        position order."""
+        cls, ces = [], []
+        for ledger in self.cancelled.ledgers():
+            entries = list(self.cancelled.bitmap(ledger))
+            cls.extend([ledger] * len(entries))
+            ces.extend(entries)
+        moved = sorted(self.moved.items())
+        return (np.array(cls, dtype=np.int64), np.array(ces, dtype=np.int64),
+                np.array([p[0] for p, _ in moved], dtype=np.int64),
+                np.array([p[1] for p, _ in moved], dtype=np.int64),
+                np.array([t for _, t in moved], dtype=np.int64))
 
     def untrack_ledgers(self, int64_t start, int64_t end) -> int:
         """Untrack every position of ledgers ``start..end``; return how many."""
@@ -308,11 +407,20 @@ cdef class BucketCore:
     cdef int cadd(self, int64_t ledger, int64_t entry, int64_t deliver_at,
                   int64_t cutoff) except -1:
         cdef bint sealed, to_mutable
+        cdef object moved_to
         if ledger < self.mark_ledger or (ledger == self.mark_ledger and entry <= self.mark_entry):
             # Acknowledged: never delivered nor tracked, due or not (checked before expiry).
             self.n_add_calls += 1
             self.n_acked_on_add += 1
             return 4
+        if self.cancelled.count and self.cancelled.ccontains(ledger, entry):
+            self.n_add_calls += 1
+            self.n_refused_cancelled += 1
+            return 5
+        if self.moved:
+            moved_to = self.moved.get((ledger, entry))
+            if moved_to is not None:
+                deliver_at = moved_to
         if deliver_at < 0 or deliver_at <= cutoff:
             # Expiry before dedup: a due re-add untracks (Pulsar #26230).
             self.n_add_calls += 1
@@ -859,6 +967,8 @@ cdef class BucketCore:
         self.mutable_dirty = False
         self.stale.clear()
         self.shadow.clear()
+        self.cancelled.clear()
+        self.moved.clear()
         self.nheads = 0
         self.sources.clear()
         self.ranges.clear()
@@ -878,6 +988,7 @@ cdef class BucketCore:
             src = <_Src> value
             total += 24 * src.n if src.heap is None else src.heap.cap * sizeof(Triple)
         total += sys.getsizeof(self.stale) + sys.getsizeof(self.shadow)
+        total += self.cancelled.memory_bytes() + MOVED_ENTRY_BYTES * len(self.moved)
         return total + self.index.memory_bytes()
 
     def counters(self) -> dict:
@@ -901,6 +1012,11 @@ cdef class BucketCore:
             "polls": self.n_polls,
             "direct_adds": self.n_direct,
             "acked_on_add": self.n_acked_on_add,
+            "cancelled": self.n_cancelled,
+            "rescheduled": self.n_rescheduled,
+            "refused_cancelled": self.n_refused_cancelled,
+            "cancel_overrides": self.cancelled.count,
+            "reschedule_overrides": len(self.moved),
             "fixed_delay": bool(self.fixed_delay),
             "highest_deliver_at": self.highest,
         }

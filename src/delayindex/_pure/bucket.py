@@ -39,12 +39,15 @@ import numpy.typing as npt
 from pyroaring import BitMap
 from sortedcontainers import SortedDict
 
+from delayindex._pure._bucket_overrides import BucketOverrides
+from delayindex._pure._bucket_queries import BucketQueries
 from delayindex._pure._ints import as_i64, check_ids
 from delayindex._pure._ticked import TickedCore
 from delayindex._pure.heap import TripleHeap, _int64_column
 from delayindex._pure.index import LedgerIndex
 from delayindex.model import (
     ADD_ACKED,
+    ADD_CANCELLED,
     ADD_DELIVER,
     ADD_DUPLICATE,
     ADD_SEAL_FIRST,
@@ -101,7 +104,7 @@ class _Source:
         return None
 
 
-class BucketCore(TickedCore):
+class BucketCore(BucketOverrides, BucketQueries, TickedCore):
     """Dedup index + mutable/direct heaps + segment-source merge (time passed in).
 
     ``add`` returns 0 (deliver now), 1 (tracked), 2 (already tracked), 3 (the mutable bucket
@@ -136,6 +139,7 @@ class BucketCore(TickedCore):
         self._mutable_end = -1
         self._direct = TripleHeap()
         self._stale: set[tuple[int, int]] = set()
+        self._init_overrides()
         self._shadow: set[tuple[int, int]] = set()
         self._sources: dict[int, _Source] = {}
         self._heads: list[tuple[int, int, int, int]] = []
@@ -149,7 +153,8 @@ class BucketCore(TickedCore):
         self._highest = 0
         self._n = dict.fromkeys(
             ("add_calls", "added", "duplicates", "rejected", "untracked_on_due_add",
-             "delivered", "skipped_on_pop", "polls", "direct_adds", "acked_on_add"),
+             "delivered", "skipped_on_pop", "polls", "direct_adds", "acked_on_add",
+             "cancelled", "rescheduled", "refused_cancelled"),
             0,
         )  # fmt: skip
 
@@ -230,39 +235,6 @@ class BucketCore(TickedCore):
             return None
         return self._index.bitmap(ledger, first, last)
 
-    def tracked_mask(self, ledgers: Int64Array, entries: Int64Array) -> npt.NDArray[np.bool_]:
-        """For each position, whether it is tracked."""
-        ledgers, entries = _column(ledgers), _column(entries)
-        if len(ledgers) != len(entries):
-            raise ValueError("ledgers and entries differ in length")
-        contains = self._index.contains
-        return np.array(
-            [contains(lg, e) for lg, e in zip(ledgers.tolist(), entries.tolist(), strict=True)],
-            dtype=np.bool_,
-        )
-
-    def tracked_in_range(self, start: int, end: int) -> tuple[Int64Array, Int64Array]:
-        """Tracked positions of ledgers ``start..end`` whose authoritative copy is not in the
-        direct heap, as ``(ledgers, entries)`` int64 arrays in position order."""
-        ls: list[int] = []
-        es: list[int] = []
-        for ledger in self._index.ledgers():
-            if start <= ledger <= end:
-                entries = [e for e in self._index.bitmap(ledger) if (ledger, e) not in self._shadow]
-                ls.extend([ledger] * len(entries))
-                es.extend(entries)
-        return np.array(ls, dtype=np.int64), np.array(es, dtype=np.int64)
-
-    def count_upto(self, ledger: int, entry: int) -> int:
-        """How many tracked positions are ``<= (ledger, entry)``."""
-        total = 0
-        for led in self._index.ledgers():
-            if led < ledger:
-                total += self._index.ledger_count(led)
-            elif led == ledger and entry >= 0:
-                total += len(self._index.bitmap(led, 0, entry))
-        return total
-
     def untrack_upto(self, ledger: int, entry: int) -> int:
         """Untrack every position ``<= (ledger, entry)`` (mark-delete); return how many."""
         self._mark = max(self._mark, (ledger, entry))
@@ -270,6 +242,7 @@ class BucketCore(TickedCore):
         self._mutable_dirty = True
         if self._shadow:
             self._shadow = {p for p in self._shadow if p > (ledger, entry)}
+        self._forget_overrides_upto(ledger, entry)
         return removed
 
     def untrack_ledgers(self, start: int, end: int) -> int:
@@ -287,6 +260,12 @@ class BucketCore(TickedCore):
             n["add_calls"] += 1
             n["acked_on_add"] += 1
             return ACKED
+        moved_to = self._override_on_add(ledger, entry, deliver_at)
+        if moved_to is None:
+            n["add_calls"] += 1
+            n["refused_cancelled"] += 1
+            return ADD_CANCELLED
+        deliver_at = moved_to
         if deliver_at < 0 or deliver_at <= cutoff:
             n["add_calls"] += 1
             self._fixed_delay = False
@@ -638,6 +617,7 @@ class BucketCore(TickedCore):
         self._mutable_dirty = False
         self._stale.clear()
         self._shadow.clear()
+        self._init_overrides()
         self._sources.clear()
         self._heads.clear()
         self._ranges.clear()
@@ -654,7 +634,7 @@ class BucketCore(TickedCore):
         total += sum(
             24 * len(s.times) if s.heap is None else s.heap.nbytes for s in self._sources.values()
         )
-        total += sys.getsizeof(self._stale) + sys.getsizeof(self._shadow)
+        total += sys.getsizeof(self._stale) + sys.getsizeof(self._shadow) + self._override_bytes()
         return total + sys.getsizeof(self._heads) + self._index.memory_bytes()
 
     def counters(self) -> dict[str, Any]:
@@ -669,6 +649,7 @@ class BucketCore(TickedCore):
             "shadowed": len(self._shadow),
             "ledgers": self._index.num_ledgers,
             **self._n,
+            **self._override_counters(),
             "fixed_delay": self._fixed_delay,
             "highest_deliver_at": self._highest,
         }

@@ -1,0 +1,145 @@
+"""Cancel and reschedule for the pure ``BucketCore`` (a mixin; the native twin has them inline
+in ``cython/delayindex/_bucket.pxi``, whose header explains the design).
+
+``cancel`` untracks (copies are skipped on pop like any untracked one) and records the position
+in ``_cancelled`` (a later add is refused, code 5). ``reschedule`` untracks as a due re-add does
+(``_stale``: heap copies are purged when it is tracked again; a sealed-range position goes to the
+direct heap with its segment copies shadowed), records ``_moved[pos] = time`` and adds it at the
+new time. ``untrack_upto`` forgets both overrides at or below the mark; ``clear`` all of them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from delayindex._pure._ints import as_i64, check_ids
+from delayindex._pure.heap import _int64_column
+from delayindex._pure.index import LedgerIndex
+from delayindex.model import ADD_ACKED, MAX_ENTRY_ID
+
+#: memory_bytes' estimate per reschedule override (as the native twin).
+MOVED_ENTRY_BYTES = 200
+
+
+class BucketOverrides:
+    """The override state and methods ``BucketCore`` mixes in."""
+
+    _cancelled: LedgerIndex
+    _moved: dict[tuple[int, int], int]
+    _index: LedgerIndex
+    _stale: set[tuple[int, int]]
+    _shadow: set[tuple[int, int]]
+    _mark: tuple[int, int]
+    _n: dict[str, int]
+
+    if TYPE_CHECKING:  # provided by BucketCore and TickedCore
+
+        def _untrack(self, ledger: int, entry: int) -> bool: ...
+
+        def _add(self, ledger: int, entry: int, deliver_at: int, cutoff: int) -> int: ...
+
+        def cutoff_for(self, now: int) -> int: ...
+
+    def _init_overrides(self) -> None:
+        self._cancelled = LedgerIndex()
+        self._moved = {}
+
+    def _cancel(self, ledger: int, entry: int) -> bool:
+        if not self._untrack(ledger, entry):
+            return False
+        self._cancelled.add(ledger, entry)
+        self._moved.pop((ledger, entry), None)
+        self._shadow.discard((ledger, entry))
+        self._n["cancelled"] += 1
+        return True
+
+    def cancel(self, ledger: int, entry: int) -> bool:
+        """Untrack a tracked position for good: True if it was tracked. A later add of it is
+        refused (code 5) until the mark passes it or :meth:`clear`."""
+        ledger, entry = as_i64(ledger), as_i64(entry)
+        check_ids(ledger, entry)
+        return self._cancel(ledger, entry)
+
+    def cancel_many(self, ledgers: object, entries: object) -> npt.NDArray[np.bool_]:
+        """:meth:`cancel` for each element, validated as a whole first; a bool array."""
+        ls, es = _int64_column(ledgers), _int64_column(entries)
+        if len(ls) != len(es):
+            raise ValueError(
+                f"cancel_many needs sequences of equal length, got {len(ls)}, {len(es)}"
+            )
+        bad = np.flatnonzero((ls < 0) | (es < 0) | (es > MAX_ENTRY_ID))
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(
+                f"element {i}: bad position ({ls[i]}, {es[i]}); need "
+                f"ledger_id >= 0 and 0 <= entry_id < 2**32"
+            )
+        return np.array(
+            [self._cancel(a, b) for a, b in zip(ls.tolist(), es.tolist(), strict=True)],
+            dtype=np.bool_,
+        )
+
+    def reschedule(self, ledger: int, entry: int, deliver_at: int, now: int) -> int:
+        """Move a position, tracked or not, to ``deliver_at`` (an override later adds keep);
+        returns :meth:`add`'s code for the new time. On 3 (seal first) the override is recorded
+        and the position untracked: seal and call again."""
+        ledger, entry, deliver_at = as_i64(ledger), as_i64(entry), as_i64(deliver_at)
+        cutoff = self.cutoff_for(as_i64(now))
+        check_ids(ledger, entry)
+        if (ledger, entry) <= self._mark:
+            self._n["add_calls"] += 1
+            self._n["acked_on_add"] += 1
+            return ADD_ACKED
+        self._cancelled.discard(ledger, entry)
+        self._untrack(ledger, entry)
+        self._stale.add((ledger, entry))
+        self._shadow.discard((ledger, entry))
+        self._moved[ledger, entry] = deliver_at
+        self._n["rescheduled"] += 1
+        return self._add(ledger, entry, deliver_at, cutoff)
+
+    def overrides(self) -> tuple[Any, Any, Any, Any, Any]:
+        """The cancel and reschedule overrides, for persistence: ``(cancelled_ledgers,
+        cancelled_entries, moved_ledgers, moved_entries, moved_times)`` int64 arrays in
+        position order."""
+        cls: list[int] = []
+        ces: list[int] = []
+        for ledger in self._cancelled.ledgers():
+            entries = list(self._cancelled.bitmap(ledger))
+            cls.extend([ledger] * len(entries))
+            ces.extend(entries)
+        moved = sorted(self._moved.items())
+        return (
+            np.array(cls, dtype=np.int64),
+            np.array(ces, dtype=np.int64),
+            np.array([p[0] for p, _ in moved], dtype=np.int64),
+            np.array([p[1] for p, _ in moved], dtype=np.int64),
+            np.array([t for _, t in moved], dtype=np.int64),
+        )
+
+    def _override_on_add(self, ledger: int, entry: int, deliver_at: int) -> int | None:
+        """The deliver time an add of the position takes (the override's, if any), or None
+        when a cancel override refuses it."""
+        if len(self._cancelled) and self._cancelled.contains(ledger, entry):
+            return None
+        if self._moved:
+            return self._moved.get((ledger, entry), deliver_at)
+        return deliver_at
+
+    def _forget_overrides_upto(self, ledger: int, entry: int) -> None:
+        if len(self._cancelled):
+            self._cancelled.remove_upto(ledger, entry)
+        if self._moved:
+            self._moved = {p: t for p, t in self._moved.items() if p > (ledger, entry)}
+
+    def _override_counters(self) -> dict[str, int]:
+        return {
+            "cancel_overrides": len(self._cancelled),
+            "reschedule_overrides": len(self._moved),
+        }
+
+    def _override_bytes(self) -> int:
+        return self._cancelled.memory_bytes() + MOVED_ENTRY_BYTES * len(self._moved)
