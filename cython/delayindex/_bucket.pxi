@@ -312,7 +312,8 @@ cdef class BucketCore:
     # -- cancel and reschedule ------------------------------------------------------------------
 
     cdef inline bint acked(self, int64_t ledger, int64_t entry) noexcept:
-        return ledger < self.mark_ledger or (ledger == self.mark_ledger and entry <= self.mark_entry)
+        return ledger < self.mark_ledger or (
+            ledger == self.mark_ledger and entry <= self.mark_entry)
 
     cdef bint ccancel(self, int64_t ledger, int64_t entry) except -1:
         if not self.untrack(ledger, entry):
