@@ -377,6 +377,24 @@ cdef class BucketCore:
         self.n_rescheduled += 1
         return self.cadd(c_ledger, c_entry, c_deliver_at, self.cutoff(c_now))
 
+    def restore_overrides(self, const int64_t[:] cancelled_ledgers not None,
+                          const int64_t[:] cancelled_entries not None,
+                          const int64_t[:] moved_ledgers not None,
+                          const int64_t[:] moved_entries not None,
+                          const int64_t[:] moved_times not None) -> None:
+        """Record stored overrides (recovery) without changing what is tracked: the caller
+        cancels or reschedules the tracked ones first. Positions at or below the mark are
+        skipped."""
+        cdef Py_ssize_t i
+        for i in range(cancelled_ledgers.shape[0]):
+            check_ids(cancelled_ledgers[i], cancelled_entries[i])
+            if not self.acked(cancelled_ledgers[i], cancelled_entries[i]):
+                self.cancelled.cadd(cancelled_ledgers[i], cancelled_entries[i])
+        for i in range(moved_ledgers.shape[0]):
+            check_ids(moved_ledgers[i], moved_entries[i])
+            if not self.acked(moved_ledgers[i], moved_entries[i]):
+                self.moved[(moved_ledgers[i], moved_entries[i])] = moved_times[i]
+
     def overrides(self) -> tuple:
         """The cancel and reschedule overrides, for persistence: ``(cancelled_ledgers,
         cancelled_entries, moved_ledgers, moved_entries, moved_times)`` int64 arrays in

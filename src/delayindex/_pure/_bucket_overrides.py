@@ -101,6 +101,32 @@ class BucketOverrides:
         self._n["rescheduled"] += 1
         return self._add(ledger, entry, deliver_at, cutoff)
 
+    def restore_overrides(
+        self,
+        cancelled_ledgers: Any,
+        cancelled_entries: Any,
+        moved_ledgers: Any,
+        moved_entries: Any,
+        moved_times: Any,
+    ) -> None:
+        """Record stored overrides (recovery) without changing what is tracked: the caller
+        cancels or reschedules the tracked ones first. Positions at or below the mark are
+        skipped."""
+        for ledger, entry in zip(
+            np.asarray(cancelled_ledgers).tolist(), np.asarray(cancelled_entries).tolist(),
+            strict=True,
+        ):  # fmt: skip
+            check_ids(ledger, entry)
+            if (ledger, entry) > self._mark:
+                self._cancelled.add(ledger, entry)
+        for ledger, entry, time in zip(
+            np.asarray(moved_ledgers).tolist(), np.asarray(moved_entries).tolist(),
+            np.asarray(moved_times).tolist(), strict=True,
+        ):  # fmt: skip
+            check_ids(ledger, entry)
+            if (ledger, entry) > self._mark:
+                self._moved[ledger, entry] = time
+
     def overrides(self) -> tuple[Any, Any, Any, Any, Any]:
         """The cancel and reschedule overrides, for persistence: ``(cancelled_ledgers,
         cancelled_entries, moved_ledgers, moved_entries, moved_times)`` int64 arrays in

@@ -77,6 +77,7 @@ from delayindex.storage._catalog_batch import BatchMixin, BatchResult
 from delayindex.storage._catalog_creates import CreatesMixin
 from delayindex.storage._catalog_deletes import DeletesMixin, RetryReport
 from delayindex.storage._catalog_quarantine import QuarantineMixin
+from delayindex.storage._overrides import Overrides
 from delayindex.storage.base import LockHandle, SnapshotStorage
 from delayindex.storage.manifest import (
     BucketRecord,
@@ -161,6 +162,7 @@ class Catalog(CreatesMixin, BatchMixin, DeletesMixin, QuarantineMixin):
         self._noted: dict[str, Any] = {
             "mark_delete": manifest.mark_delete,
             "subscriptions": manifest.subscriptions,
+            "overrides": manifest.overrides,
         }
         self._writer_status: WriterStatus | None = None
         self._stale = False  # a commit's outcome is unknown: re-read before the next change
@@ -313,6 +315,12 @@ class Catalog(CreatesMixin, BatchMixin, DeletesMixin, QuarantineMixin):
         """
         replace(self._manifest, subscriptions=subscriptions)  # validates before anything changes
         self._note(subscriptions=subscriptions)
+
+    def note_overrides(self, overrides: Overrides) -> None:
+        """Record the owner's cancel and reschedule overrides, persisted like the mark."""
+        if not isinstance(overrides, Overrides):
+            raise TypeError("overrides must be an Overrides")
+        self._note(overrides=overrides)
 
     def _note(self, **state: Any) -> None:
         with self._mutex:

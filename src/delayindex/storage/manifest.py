@@ -16,8 +16,11 @@ A :class:`Manifest` is the single source of truth for one name (one tracker). It
 * optionally ``mark_delete`` (the owner's acknowledged position) and ``writer_status`` (what the
   writer held only in memory at the commit, for ``delayindex inspect``);
 * for a shared index, ``subscriptions``: each subscription's name and mark-delete position
-  (:class:`SubscriptionRecord`, sorted by name). These and ``quarantined`` are left out of the
-  bytes when empty, so manifests without them encode exactly as before they existed.
+  (:class:`SubscriptionRecord`, sorted by name);
+* ``overrides``: the cancel and reschedule overrides still above the mark
+  (:class:`~delayindex.storage._overrides.Overrides`). These, ``subscriptions`` and
+  ``quarantined`` are left out of the bytes when empty, so manifests without them encode
+  exactly as before they existed.
 
 Invariants (checked whenever a Manifest is built, hence on every decode):
 
@@ -55,6 +58,7 @@ from typing import Any, Literal
 import mmh3
 
 from delayindex.errors import SnapshotCorruptError
+from delayindex.storage._overrides import Overrides
 
 #: Snapshot ids, object keys and manifest/lock names: safe as file names, no path traversal.
 KEY_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~-]{0,199}")
@@ -264,6 +268,8 @@ class Manifest:
     quarantined: tuple[QuarantineRecord, ...] = ()
     #: A shared index's subscriptions, sorted by name (empty for a per-subscription index).
     subscriptions: tuple[SubscriptionRecord, ...] = ()
+    #: Cancel and reschedule overrides still above the mark (see ``storage._overrides``).
+    overrides: Overrides = field(default_factory=Overrides)
     _live: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -271,6 +277,8 @@ class Manifest:
         _check_mark(self.mark_delete, "mark_delete")
         if self.writer_status is not None and not isinstance(self.writer_status, WriterStatus):
             raise TypeError("writer_status must be a WriterStatus or None")
+        if not isinstance(self.overrides, Overrides):
+            raise TypeError("overrides must be an Overrides")
         _check_int(self.version, "version", 0)
         for what, items, cls in (
             ("buckets", self.buckets, BucketRecord),
@@ -461,6 +469,8 @@ def encode_manifest(manifest: Manifest) -> bytes:
              else list(sub.mark_delete)}
             for sub in manifest.subscriptions
         ]  # fmt: skip
+    if manifest.overrides:  # likewise
+        document["overrides"] = manifest.overrides.to_json()
     payload = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
     head = _HEAD.pack(MANIFEST_MAGIC, MANIFEST_FORMAT, len(payload))
     return head + _CRC.pack(mmh3.hash(head + payload, CHECKSUM_SEED, signed=False)) + payload
@@ -567,6 +577,10 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
                 _subscription_from(sub)
                 for sub in _list(document.pop("subscriptions"), "subscriptions")
             )
+        overrides = Overrides()
+        if isinstance(document, dict) and "overrides" in document:
+            document = dict(document)
+            overrides = Overrides.from_json(document.pop("overrides"))
         f = _fields(document, _MANIFEST_KEYS, "manifest")
         buckets = []
         for obj in _list(f["buckets"], "buckets"):
@@ -591,6 +605,7 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
             writer_status=status,
             quarantined=quarantined,
             subscriptions=subscriptions,
+            overrides=overrides,
         )
     except (ValueError, TypeError) as exc:  # json.JSONDecodeError and UnicodeDecodeError included
         raise SnapshotCorruptError(f"{where}: invalid manifest: {exc}") from None

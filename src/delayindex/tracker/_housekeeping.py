@@ -20,6 +20,7 @@ from delayindex.errors import ManifestConflictError, StorageError
 from delayindex.model import MAX_TIME
 from delayindex.policy import backoff_delay_ms
 from delayindex.snapshot.format import SnapshotMetadata
+from delayindex.storage._overrides import Overrides
 from delayindex.storage.catalog import Catalog
 from delayindex.storage.manifest import QuarantineRecord
 from delayindex.timers import ArmingRule
@@ -175,6 +176,8 @@ class HousekeepingMixin:
             self._merge_in_flight = False
             self._mark = None
             self._catalog.note_mark_delete(None)
+            self._catalog.note_overrides(Overrides())  # the core forgot them too
+            self._overrides_dirty = False
             if self._arming is not None:
                 self._arming.cancel()
             live = [b.snapshot_id for b in self._catalog.buckets()]

@@ -69,6 +69,7 @@ class RecoveryMixin:
     _now: Callable[[], int]
     _quarantined_positions: Callable[[QuarantineRecord], Any]
     _request_delete: Callable[[str], None]
+    _restore_overrides: Callable[[], None]
     _trim: Callable[[_Bucket], None]
 
     def _recover(self) -> None:
@@ -160,4 +161,5 @@ class RecoveryMixin:
             for bucket in list(self._buckets.values()):
                 if bucket.end < mark[0]:
                     self._trim(bucket)
+        self._restore_overrides()  # after the mark: it forgets the overrides it passes
         self._ops["recover"].record(True, started)

@@ -102,6 +102,7 @@ from delayindex.tracker._front import TrackerFront, as_count
 from delayindex.tracker._housekeeping import HousekeepingMixin
 from delayindex.tracker._loading import LoadingMixin
 from delayindex.tracker._merge import MergeMixin
+from delayindex.tracker._overrides import OverridesMixin
 from delayindex.tracker._persist import PersistMixin
 from delayindex.tracker._recovery import RecoveryMixin
 from delayindex.tracker._stats import StatsMixin, _OpStats
@@ -113,6 +114,7 @@ _DEFAULT_CONFIG = TrackerConfig()
 
 
 class DelayIndex(
+    OverridesMixin,
     QuarantineMixin,
     RecoveryMixin,
     PersistMixin,
@@ -175,6 +177,8 @@ class DelayIndex(
         self._unresolved_merge: tuple[list[_Bucket], int, SnapshotMetadata] | None = None
         self._group = {"batches": 0, "creates": 0, "deletes": 0, "manifest_writes": 0}
         self._mark: tuple[int, int] | None = None
+        self._overrides_dirty = False  # cancels or reschedules not yet handed to the catalog
+        self._overrides_used = False  # some were made (a mark may forget some: note again)
         self._epoch = 0
         self._closed = False
         self._warnings = ProblemLog(f"delayindex {self._name}")  # once per distinct problem
@@ -401,6 +405,7 @@ class DelayIndex(
     def _seal(self) -> None:
         """Seal the mutable bucket (lock held): O(1) for the index, plus one copy of its
         indexes for the snapshot; sorting, cutting, encoding and I/O are queued."""
+        self._note_overrides()  # carried by this seal's commit
         sid = self._next_sid
         self._next_sid += 1
         times, ledgers, entries, start, end = self._core.seal(sid)
@@ -544,7 +549,8 @@ class DelayIndex(
                 return
             self._mark = mark
             self._catalog.note_mark_delete(mark)  # persisted with the next manifest commit
-            self._core.untrack_upto(ledger_id, entry_id)
+            self._core.untrack_upto(ledger_id, entry_id)  # forgets the overrides it passes
+            self._overrides_dirty |= self._overrides_used
             for bucket in list(self._buckets.values()):
                 if bucket.end < ledger_id and not bucket.merging and bucket.state != "creating":
                     self._trim(bucket)
@@ -566,6 +572,7 @@ class DelayIndex(
         with self._lock:
             self._flushing += 1
             self._persist_wakeup.notify_all()
+            overrides_noted = self._note_overrides()
         try:
             while True:
                 with self._inflight_lock:
@@ -574,6 +581,8 @@ class DelayIndex(
                     with self._lock:
                         queued = bool(self._queued)
                     if not queued:
+                        if overrides_noted:  # cancels and reschedules: durable on return
+                            self._catalog.persist_mark_delete()
                         release_free_memory()
                         return
                     self._submit_queued_from_job()
