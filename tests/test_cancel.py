@@ -26,6 +26,7 @@ from delayindex import (
     ManualClock,
     MemoryStorage,
     Position,
+    SharedDelayIndex,
     TrackerClosedError,
     TrackerConfig,
 )
@@ -60,13 +61,38 @@ def _delay_index_tiny(clock: ManualClock, storage: Any = None) -> Any:
     return index
 
 
+class _OneSubscription:
+    """A shared index with one subscription seen as one tracker: the index's changes (add,
+    cancel, reschedule, ...) and the subscription's reads."""
+
+    def __init__(self, shared: SharedDelayIndex, storage: Any) -> None:
+        self.shared, self.storage = shared, storage
+        self.sub = shared.subscribe("only")
+        for name in ("add", "add_many", "cancel", "cancel_many", "reschedule", "flush",
+                     "close", "clear", "stats"):  # fmt: skip
+            setattr(self, name, getattr(shared, name))
+        for name in ("poll", "next_delivery_time", "contains", "set_mark_delete"):
+            setattr(self, name, getattr(self.sub, name))
+        self._core = shared  # _check() is the shared index's own
+
+    def __len__(self) -> int:
+        return len(self.sub)
+
+
+def _shared_tiny(clock: ManualClock, storage: Any = None) -> Any:
+    store = storage if storage is not None else MemoryStorage()
+    shared = SharedDelayIndex.open(store, "cancel", TINY, clock=clock, executor=InlineExecutor())
+    return _OneSubscription(shared, store)
+
+
 KINDS: dict[str, Callable[..., Any]] = {
     "in_memory": _in_memory,
     "delay_index": _delay_index,
     "delay_index_tiny": _delay_index_tiny,
+    "shared_tiny": _shared_tiny,
 }
 BROWSE_KINDS = ("in_memory",)
-DURABLE_KINDS = ("delay_index", "delay_index_tiny")
+DURABLE_KINDS = ("delay_index", "delay_index_tiny", "shared_tiny")
 
 
 def _make(kind: str) -> Any:

@@ -257,3 +257,24 @@ def test_the_last_unsubscribe_keeps_what_the_topic_tracks_for_a_later_subscripti
         got_c = [p for _ in range(40) for p in c.poll(5)]
         assert len(got_c) == len(set(got_c)) == left and not got_a & set(got_c)
         shared._check()
+
+
+def test_cancel_and_reschedule_reach_positions_the_due_log_holds() -> None:
+    clock = ManualClock(T0)
+    with _open(MemoryStorage(), clock) as shared:
+        a, b = shared.subscribe("a"), shared.subscribe("b")
+        _fill(shared, range(1, 4))  # 9 positions, T0 + 110 ... T0 + 132
+        clock.advance(200)
+        got_a = a.poll(100)
+        assert len(got_a) == 9 and len(shared._log) == 9  # b has not read them yet
+        assert shared.cancel(2, 1) is True  # b still had it
+        assert shared.add(2, 1, T0 + 500) is True and not b.contains(2, 1)  # refused
+        assert shared.reschedule(3, 2, T0 + 1_000) is True
+        assert shared.cancel(99, 0) is False
+        got_b = b.poll(100)
+        assert Position(2, 1) not in got_b and Position(3, 2) not in got_b and len(got_b) == 7
+        assert a.poll(100) == [] and b.poll(100) == []
+        clock.advance(1_000)  # (3, 2) at its new time, for both (a had received it: a new copy)
+        assert a.poll(100) == [Position(3, 2)] and b.poll(100) == [Position(3, 2)]
+        assert shared.stats()["cancel_overrides"] == 1
+        shared._check()

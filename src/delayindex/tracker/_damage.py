@@ -348,9 +348,7 @@ class QuarantineMixin:
             ]  # fmt: skip
             if snapshot_id is not None and not targets:
                 raise ValueError(f"{snapshot_id!r} is not a quarantined bucket of {self._name!r}")
-            plans = [
-                self._repair_rows(b, ledgers_all, entries_all, times_all) for b in targets
-            ]
+            plans = [self._repair_rows(b, ledgers_all, entries_all, times_all) for b in targets]
         results = []
         for bucket, (times, ledgers, entries, rows) in zip(targets, plans, strict=True):
             results.append(self._repair_one(bucket, times, ledgers, entries, rows))

@@ -125,7 +125,8 @@ class StatsMixin:
                 released_buckets=states.count("released"),
                 retrying_loads={
                     b.snapshot_id: b.load_failures
-                    for b in self._buckets.values() if b.load_failures
+                    for b in self._buckets.values()
+                    if b.load_failures
                 },
                 problems=problems,
                 health="degraded" if problems else "ok",

@@ -9,7 +9,7 @@ topic's commits like the mark-delete position (``_note_subscriptions``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,8 @@ class TopicMixin:
     _load: Callable[[int, int], None]
     _after_take: Callable[[int], None]
     _submit_queued: Callable[[], None]
+    _overrides_dirty: bool
+    _overrides_used: bool
 
     def _poll_keys(self, max_messages: int) -> tuple[Int64Array, Int64Array, Int64Array]:
         """:meth:`poll` as ``(times, ledgers, entries)`` arrays in selection order (for the
@@ -59,6 +61,21 @@ class TopicMixin:
         with self._lock:
             self._check_open()
             return int(self._core.count_upto(ledger, entry))
+
+    def _record_overrides(
+        self,
+        cancelled: Sequence[tuple[int, int]] = (),
+        moved: Sequence[tuple[int, int, int]] = (),
+    ) -> None:
+        """Record cancel or reschedule overrides of positions the topic index does not track
+        (a shared index's held positions), persisted like the index's own."""
+        with self._lock:
+            self._check_open()
+            self._core.restore_overrides(
+                *(np.array([p[i] for p in cancelled], dtype=np.int64) for i in (0, 1)),
+                *(np.array([m[i] for m in moved], dtype=np.int64) for i in (0, 1, 2)),
+            )
+            self._overrides_dirty = self._overrides_used = True
 
     def _note_subscriptions(self, records: tuple[SubscriptionRecord, ...]) -> None:
         """Carry a shared index's subscription records with the next commit (and close)."""

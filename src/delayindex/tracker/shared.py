@@ -54,6 +54,7 @@ from delayindex.storage.base import SnapshotStorage
 from delayindex.storage.manifest import SubscriptionRecord
 from delayindex.timers import Timer
 from delayindex.tracker._duelog import DueLog, Int64Array
+from delayindex.tracker._shared_overrides import SharedOverridesMixin
 from delayindex.tracker.delay_index import DelayIndex
 from delayindex.tracker.in_memory import _diagnose, as_int64_array
 from delayindex.tracker.subscription import Subscription, _SubState
@@ -63,7 +64,7 @@ _DEFAULT_CONFIG = TrackerConfig()
 _LOOKAHEAD = 1024
 
 
-class SharedDelayIndex:
+class SharedDelayIndex(SharedOverridesMixin):
     """One durable delayed index per topic, read by every subscription (see the module docs).
 
     Build it with :meth:`open`; get each subscription's view with :meth:`subscribe`.
@@ -78,6 +79,7 @@ class SharedDelayIndex:
         self._subs: dict[str, _SubState] = {}
         self._views: dict[str, Subscription] = {}
         self._private_count: dict[tuple[int, int], int] = {}
+        self._cancelled_held: set[tuple[int, int]] = set()
         self._lock = threading.RLock()
         self._closed = False
         self._last_batch: tuple[int, list[Position]] | None = None
@@ -232,6 +234,8 @@ class SharedDelayIndex:
     def _readd(self, pos: tuple[int, int], deliver_at: int) -> bool:
         """A re-add of a held position: each subscription's own tracker's outcome."""
         _diagnose(ledger_id=pos[0], entry_id=pos[1], deliver_at=deliver_at)
+        if self._refused_as_cancelled(pos):
+            return True
         topic_mark = self._topic.mark_delete
         if topic_mark is not None and pos <= topic_mark:
             return True  # acknowledged by every subscription: refused
@@ -390,9 +394,7 @@ class SharedDelayIndex:
             return 0
         return self._topic._count_upto(*state.mark)
 
-    def _tracked_entries(
-        self, state: _SubState, ledger: int, first: int, last: int
-    ) -> BitMap:
+    def _tracked_entries(self, state: _SubState, ledger: int, first: int, last: int) -> BitMap:
         out = BitMap(self._topic.tracked_entries(ledger, first, last))
         seq = state.seq
         if seq <= self._log.start and self._log.spilled_keys:
@@ -441,6 +443,7 @@ class SharedDelayIndex:
         current = self._topic.mark_delete
         if current is None or lowest > current:
             self._topic.set_mark_delete(*lowest)
+            self._forget_cancelled_held(lowest)
 
     def _note(self) -> None:
         """Hand the subscription records to the topic index (persisted with its commits)."""
@@ -494,6 +497,7 @@ class SharedDelayIndex:
             self._check_open()
             self._log.clear()
             self._private_count.clear()
+            self._cancelled_held.clear()
             for name in self._subs:
                 self._subs[name] = _SubState(name, self._log.end, None)
             # Noted first: the topic's clear commits at once, and that commit must carry the
@@ -592,9 +596,7 @@ class SharedDelayIndex:
 
 def _positions(ledgers: Int64Array, entries: Int64Array) -> list[Position]:
     """``Position`` s of the columns, sorted by position."""
-    return _impl.sorted_positions(
-        np.ascontiguousarray(ledgers), np.ascontiguousarray(entries)
-    )
+    return _impl.sorted_positions(np.ascontiguousarray(ledgers), np.ascontiguousarray(entries))
 
 
 _OPEN_TOKEN = object()

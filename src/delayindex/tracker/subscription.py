@@ -41,7 +41,6 @@ class _SubState:
         return {(led, ent) for _, led, ent in self.private}
 
 
-
 class Subscription:
     """One subscription's view of a :class:`SharedDelayIndex` (see :meth:`subscribe`).
 
@@ -128,9 +127,7 @@ class Subscription:
         _diagnose(ledger_id=ledger_id, entry_id=first_entry)
         _diagnose(ledger_id=ledger_id, entry_id=last_entry)
         with self._shared._lock:
-            return self._shared._tracked_entries(
-                self._state(), ledger_id, first_entry, last_entry
-            )
+            return self._shared._tracked_entries(self._state(), ledger_id, first_entry, last_entry)
 
     def should_pause_all_deliveries(self) -> bool:
         """The topic index's fixed-delay pause, unless this subscription has something due."""
