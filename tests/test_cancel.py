@@ -1,8 +1,8 @@
 """Cancel, reschedule and browse (API.md "Cancel, reschedule, browse"): the contract, per tracker.
 
-``KINDS`` lists the trackers with cancel and reschedule (InMemoryTracker, DelayIndex with the
-default and with tiny buckets); ``BROWSE_KINDS`` those with ``pending`` and ``due_histogram``
-(InMemoryTracker so far). Each test runs on both builds through the suite's
+``KINDS`` lists the trackers (InMemoryTracker, DelayIndex with the default and with tiny
+buckets, a one-subscription SharedDelayIndex with tiny buckets); ``BROWSE_KINDS`` those with
+``pending`` and ``due_histogram`` (all of them). Each test runs on both builds through the suite's
 ``DELAYINDEX_NO_EXTENSIONS`` switch. The stateful machine at the end runs a tracker against a
 plain dict model with cancels and reschedules interleaved with adds, polls, clock moves, clears,
 marks and, for DelayIndex, injected storage faults and close/reopen followed by the dispatcher's
@@ -69,7 +69,7 @@ class _OneSubscription:
         self.shared, self.storage = shared, storage
         self.sub = shared.subscribe("only")
         for name in ("add", "add_many", "cancel", "cancel_many", "reschedule", "flush",
-                     "close", "clear", "stats"):  # fmt: skip
+                     "close", "clear", "stats", "pending", "due_histogram"):  # fmt: skip
             setattr(self, name, getattr(shared, name))
         for name in ("poll", "next_delivery_time", "contains", "set_mark_delete"):
             setattr(self, name, getattr(self.sub, name))
@@ -91,7 +91,7 @@ KINDS: dict[str, Callable[..., Any]] = {
     "delay_index_tiny": _delay_index_tiny,
     "shared_tiny": _shared_tiny,
 }
-BROWSE_KINDS = ("in_memory",)
+BROWSE_KINDS = tuple(KINDS)
 DURABLE_KINDS = ("delay_index", "delay_index_tiny", "shared_tiny")
 
 

@@ -201,6 +201,7 @@ def test_native_public_names_exist_in_the_pure_world() -> None:
         "BucketCore": "PureBucketCore",
         "LedgerIndex": "PureLedgerIndex",
         "wall_clock_ms": "pure_wall_clock_ms",
+        "sorted_positions": "pure_sorted_positions",
     }
     for native_name, pure_name in pairs.items():
         assert callable(getattr(native, native_name))

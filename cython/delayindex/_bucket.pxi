@@ -377,6 +377,31 @@ cdef class BucketCore:
         self.n_rescheduled += 1
         return self.cadd(c_ledger, c_entry, c_deliver_at, self.cutoff(c_now))
 
+    def live_keys(self, int64_t first, int64_t last):
+        """``(times, ledgers, entries)`` of the tracked positions in memory (mutable and
+        direct heaps, segment sources from their cursors) with ``first <= time <= last``, in
+        no particular order; segments still in storage are the caller's."""
+        cdef _Src src
+        from delayindex._pure._bucket_queries import live_rows
+        parts = [self.mutable.to_arrays()]
+        for value in self.sources.values():
+            src = <_Src> value
+            if src.heap is not None:
+                parts.append(src.heap.to_arrays())
+            else:
+                parts.append(tuple(np.asarray(c)[src.pos:] for c in src.arrays))
+        return live_rows(self.tracked_mask, self.shadow, parts, self.direct.to_arrays(),
+                         first, last)
+
+    def authoritative_mask(self, ledgers, entries):
+        """For segment copies read from storage: tracked and not shadowed by a direct copy."""
+        live = self.tracked_mask(ledgers, entries)
+        if self.shadow:
+            live &= np.array([pos not in self.shadow for pos in
+                              zip(np.asarray(ledgers).tolist(), np.asarray(entries).tolist())],
+                             dtype=np.bool_)
+        return live
+
     def restore_overrides(self, const int64_t[:] cancelled_ledgers not None,
                           const int64_t[:] cancelled_entries not None,
                           const int64_t[:] moved_ledgers not None,

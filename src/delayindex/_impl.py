@@ -27,6 +27,7 @@ PureTrackerCore = _pure_core.TrackerCore
 PureBucketCore = _pure_bucket.BucketCore
 PureLedgerIndex = _pure_index.LedgerIndex
 pure_wall_clock_ms = _pure_clock.wall_clock_ms
+pure_sorted_positions = _pure_heap.sorted_positions
 #: The codec kernels: each is a function of both ``_native`` and ``_pure.codec``.
 CODEC_KERNELS = (
     "build_segments",
@@ -100,7 +101,7 @@ else:
         BucketCore = PureBucketCore
         LedgerIndex = PureLedgerIndex
         wall_clock_ms = pure_wall_clock_ms
-        sorted_positions = _pure_heap.sorted_positions
+        sorted_positions = pure_sorted_positions
         _kernels = _pure_codec
     build_segments = _kernels.build_segments
     decode_segments = _kernels.decode_segments
@@ -129,6 +130,7 @@ __all__ = [
     "murmur3_32",
     "native_module_or_none",
     "pack_times",
+    "pure_sorted_positions",
     "pure_wall_clock_ms",
     "read_varints",
     "roaring_cardinalities",

@@ -3,9 +3,12 @@ them inline in ``cython/delayindex/_bucket.pxi``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
+from delayindex._pure.heap import TripleHeap
 from delayindex._pure.index import LedgerIndex
 
 Int64Array = npt.NDArray[np.int64]
@@ -16,10 +19,46 @@ def _column(values: object) -> Int64Array:
 
 
 class BucketQueries:
-    """``tracked_mask``, ``tracked_in_range`` and ``count_upto``."""
+    """``tracked_mask``, ``tracked_in_range``, ``count_upto``, ``live_keys`` and
+    ``authoritative_mask``."""
 
     _index: LedgerIndex
     _shadow: set[tuple[int, int]]
+    _mutable: TripleHeap
+    _direct: TripleHeap
+    _sources: dict[int, Any]
+
+    def live_keys(self, first: int, last: int) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """``(times, ledgers, entries)`` of the tracked positions in memory (mutable and
+        direct heaps, segment sources from their cursors) with ``first <= time <= last``, in no
+        particular order; segments still in storage are the caller's."""
+        parts = [self._mutable.to_arrays()]
+        for src in self._sources.values():
+            if src.heap is not None:
+                parts.append(src.heap.to_arrays())
+            else:
+                start = src.pos
+                parts.append(
+                    (
+                        _column(src.times[start:]),
+                        _column(src.ledgers[start:]),
+                        _column(src.entries[start:]),
+                    )
+                )
+        return live_rows(
+            self.tracked_mask, self._shadow, parts, self._direct.to_arrays(), first, last
+        )
+
+    def authoritative_mask(self, ledgers: Int64Array, entries: Int64Array) -> Any:
+        """For segment copies read from storage: tracked and not shadowed by a direct copy."""
+        live = self.tracked_mask(ledgers, entries)
+        if self._shadow:
+            live &= np.array(
+                [pos not in self._shadow
+                 for pos in zip(_column(ledgers).tolist(), _column(entries).tolist(), strict=True)],
+                dtype=np.bool_,
+            )  # fmt: skip
+        return live
 
     def tracked_mask(self, ledgers: Int64Array, entries: Int64Array) -> npt.NDArray[np.bool_]:
         """For each position, whether it is tracked."""
@@ -53,3 +92,33 @@ class BucketQueries:
             elif led == ledger and entry >= 0:
                 total += len(self._index.bitmap(led, 0, entry))
         return total
+
+
+def live_rows(
+    tracked_mask: Any,
+    shadow: set[tuple[int, int]],
+    parts: list[tuple[Int64Array, Int64Array, Int64Array]],
+    direct: tuple[Int64Array, Int64Array, Int64Array],
+    first: int,
+    last: int,
+) -> tuple[Int64Array, Int64Array, Int64Array]:
+    """The authoritative in-memory copies of tracked positions with ``first <= time <= last``
+    (both twins' ``live_keys``): ``parts`` are the mutable heap and the segment sources, whose
+    copy of a shadowed position is obsolete; ``direct`` is the direct heap."""
+    columns: list[tuple[Int64Array, Int64Array, Int64Array]] = []
+    for times, ledgers, entries, is_direct in [(*p, False) for p in parts] + [(*direct, True)]:
+        keep = np.flatnonzero((times >= first) & (times <= last))
+        if not len(keep):
+            continue
+        times, ledgers, entries = times[keep], ledgers[keep], entries[keep]
+        live = tracked_mask(ledgers, entries)
+        if shadow and not is_direct:
+            live &= np.array(
+                [pos not in shadow for pos in zip(ledgers.tolist(), entries.tolist(), strict=True)],
+                dtype=np.bool_,
+            )
+        columns.append((times[live], ledgers[live], entries[live]))
+    if not columns:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty.copy(), empty.copy()
+    return tuple(np.concatenate(c) for c in zip(*columns, strict=True))  # type: ignore[return-value]

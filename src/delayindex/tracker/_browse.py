@@ -79,3 +79,9 @@ def select_pending(
             times[order].tolist(), ledgers[order].tolist(), entries[order].tolist(), strict=True
         )
     ]
+
+
+def bin_counts(bins: Int64Array, times: Int64Array) -> Int64Array:
+    """How many of ``times`` (all within ``[bins[0], bins[-1])``) fall in each bin."""
+    index = np.searchsorted(bins, times, side="right") - 1
+    return np.bincount(index, minlength=len(bins) - 1).astype(np.int64)

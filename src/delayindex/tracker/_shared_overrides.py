@@ -1,4 +1,4 @@
-"""SharedDelayIndex's cancel and reschedule (a mixin): one call for every subscription.
+"""SharedDelayIndex's cancel, reschedule and browse (a mixin): one call for every subscription.
 
 How it works. A position the topic index tracks is cancelled or rescheduled there, exactly as
 on a :class:`~delayindex.DelayIndex` (its override is durable in the topic's manifest). A
@@ -11,6 +11,11 @@ every subscription that has not acknowledged the position a private copy at the 
 way the override is also recorded, untracked, in the topic index, so that the dispatcher's
 replay after a restart meets it; ``_cancelled_held`` makes re-adds of a cancelled held position
 be refused while the log still holds it.
+
+Browse. ``pending`` and ``due_histogram`` cover the whole topic: what the topic index tracks
+(read as on a DelayIndex) plus the held keys some subscription still has to receive (its log
+keys after its progress, not acknowledged and not skipped, and its private copies); a position
+two subscriptions hold at two different times is listed at both.
 
 Invariant kept: a position the topic index tracks is never also held (so a held position is
 never rescheduled into the topic index).
@@ -25,6 +30,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from delayindex.model import Position
+from delayindex.tracker._browse import histogram_edges, select_pending, time_range
+from delayindex.tracker._front import as_count
 from delayindex.tracker.in_memory import _diagnose, as_int64_array
 
 if TYPE_CHECKING:
@@ -42,6 +50,7 @@ class SharedOverridesMixin:
     _subs: dict[str, _SubState]
     _private_count: dict[tuple[int, int], int]
     _cancelled_held: set[tuple[int, int]]
+    _closed: bool
 
     if TYPE_CHECKING:  # provided by SharedDelayIndex
 
@@ -112,6 +121,48 @@ class SharedOverridesMixin:
         self._cancelled_held.add(pos)
         self._topic._record_overrides(cancelled=[pos])
         return True
+
+    def pending(
+        self, start_ms: int | None = None, end_ms: int | None = None, limit: int = 1000
+    ) -> list[tuple[int, Position]]:
+        """The whole topic's pending schedule (as :meth:`DelayIndex.pending`)."""
+        bounds = time_range(start_ms, end_ms)
+        as_count(limit, "limit")
+        if bounds is None:
+            return []
+        return select_pending(*self._browse_keys(*bounds), limit)
+
+    def due_histogram(self, edges: object) -> npt.NDArray[np.int64]:
+        """The whole topic's counts per bin (as :meth:`DelayIndex.due_histogram`)."""
+        bins = histogram_edges(edges)
+        times = self._browse_keys(int(bins[0]), int(bins[-1]) - 1)[0]
+        counts = np.bincount(
+            np.searchsorted(bins, times, side="right") - 1, minlength=len(bins) - 1
+        )
+        return counts.astype(np.int64)
+
+    def _browse_keys(self, first: int, last: int) -> tuple[Any, Any, Any]:
+        with self._lock:
+            if self._closed:
+                empty = np.empty(0, dtype=np.int64)
+                return empty, empty.copy(), empty.copy()
+            parts: list[Any] = [self._topic._browse(first, last)]
+            held: set[tuple[int, int, int]] = set()
+            for state in self._subs.values():
+                for _, times, ledgers, entries in self._log.columns_from(state.seq):
+                    keep = (times >= first) & (times <= last)
+                    if state.mark is not None:
+                        ml, me = state.mark
+                        keep &= (ledgers > ml) | ((ledgers == ml) & (entries > me))
+                    for key in zip(times[keep].tolist(), ledgers[keep].tolist(),
+                                   entries[keep].tolist(), strict=True):  # fmt: skip
+                        if (key[1], key[2]) not in state.skip:
+                            held.add(key)
+                held.update(k for k in state.private if first <= k[0] <= last)
+            if held:
+                rows = sorted(held)
+                parts.append(tuple(np.array(c, dtype=np.int64) for c in zip(*rows, strict=True)))
+            return tuple(np.concatenate(c) for c in zip(*parts, strict=True))  # type: ignore[return-value]
 
     def _drop_held(self, pos: tuple[int, int]) -> bool:
         """No subscription receives its held copies of ``pos`` (log or private); True if some

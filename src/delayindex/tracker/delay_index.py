@@ -105,6 +105,7 @@ from delayindex.tracker._merge import MergeMixin
 from delayindex.tracker._overrides import OverridesMixin
 from delayindex.tracker._persist import PersistMixin
 from delayindex.tracker._recovery import RecoveryMixin
+from delayindex.tracker._schedule import ScheduleMixin
 from delayindex.tracker._stats import StatsMixin, _OpStats
 from delayindex.tracker._topic import TopicMixin
 from delayindex.tracker.in_memory import _ClosedCore, _diagnose, as_int64_array
@@ -115,6 +116,7 @@ _DEFAULT_CONFIG = TrackerConfig()
 
 class DelayIndex(
     OverridesMixin,
+    ScheduleMixin,
     QuarantineMixin,
     RecoveryMixin,
     PersistMixin,
