@@ -66,8 +66,13 @@ class Ledger:
 
     def poll(self, n: int, *, load_may_fail: bool = False) -> list[Pos]:
         """Poll and check: due, tracked, sorted, selected in order, nothing due left behind."""
+        failed_loads = self.index.stats()["ops"]["load"]["failed"]
         got = [(p.ledger_id, p.entry_id) for p in self.index.poll(n)]
-        retrying = bool(self.index.stats()["retrying_loads"])
+        stats = self.index.stats()
+        # A failed read defers its bucket. The poll's retry tick may merge that bucket away
+        # before the poll returns (inline), so retrying_loads no longer names it; its messages
+        # are late all the same (in the merged bucket, behind a placeholder that is due).
+        retrying = bool(stats["retrying_loads"]) or stats["ops"]["load"]["failed"] > failed_loads
         self.late = self.late or retrying
         cutoff = self.cutoff()
         assert got == sorted(set(got)) and len(got) <= max(n, 0)
