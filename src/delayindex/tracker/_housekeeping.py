@@ -3,8 +3,10 @@
 Buckets wholly below the mark-delete ledger are trimmed (their ledgers untracked) and, like
 exhausted buckets, retired through the catalog's two-phase delete. Failed snapshot writes and
 deletes are deferred and retried once their backoff runs out on the index's clock
-(``_maybe_retry_failures``, driven from ``poll``/``has_message_available``). ``clear``
-drops everything and deletes every snapshot of the name.
+(``_maybe_retry_failures``, driven from ``poll``/``has_message_available``); a create intent
+that a failed rollback left behind (it still replaces its merge's sources) is rolled back
+first, since the retried group commits and merges would fail on it again. ``clear`` drops
+everything and deletes every snapshot of the name.
 """
 
 from __future__ import annotations
@@ -121,6 +123,10 @@ class HousekeepingMixin:
             self._deferred_at = MAX_TIME
             if self._unresolved_merge is not None:
                 self._queue(self._resolve_merge_job)  # first: before any delete is retried
+            else:
+                # First too: a leftover create intent still replaces its merge's sources, so a
+                # group commit deleting one of them, and a merge taking one, would fail again.
+                self._queue_leftover_rollback(now)
             for item in self._deferred_creates:
                 if self._buckets.get(item.bucket.sid) is item.bucket and item.epoch == self._epoch:
                     item.enqueued = time.monotonic()
@@ -133,16 +139,36 @@ class HousekeepingMixin:
             self._resume_merges(now)
         if self._retry_queued or self._unresolved_merge is not None:
             return
-        intents = self._catalog.manifest.intents
-        due = [i.next_attempt_ms for i in intents if i.kind == "delete"]
-        if not self._persist_scheduled and not self._merge_in_flight:
-            # No create is running, so a create intent is a failed rollback's leftover: the
-            # same retry rolls it back now (else it waits for the next open).
-            due += [now for i in intents if i.kind == "create"]
+        if self._queue_leftover_rollback(now):
+            return
+        due = [i.next_attempt_ms for i in self._catalog.manifest.intents if i.kind == "delete"]
         if not due or min(due) > now:
             return
         self._retry_queued = True
         self._queue(lambda: self._retry_deletes_job(now))
+
+    def _queue_leftover_rollback(self, now: int) -> bool:
+        """Queue the rollback of create intents that failed rollbacks left behind (lock held),
+        with the due delete retries (``Catalog.retry_pending_deletes`` does both); whether it
+        was queued.
+
+        Only while no create is running (no persist job scheduled, no merge in flight), so a
+        create intent is a leftover; else it waits for the next call. The retry tick calls this
+        before it queues the retried writes and merges: a leftover still replaces its merge's
+        sources, and until it is rolled back a group commit deleting one of them fails whole
+        (its creates stay in memory mode) and a merge taking one fails, every time.
+        """
+        if (
+            self._retry_queued
+            or self._unresolved_merge is not None
+            or self._persist_scheduled
+            or self._merge_in_flight
+            or not any(i.kind == "create" for i in self._catalog.manifest.intents)
+        ):
+            return False
+        self._retry_queued = True
+        self._queue(lambda: self._retry_deletes_job(now))
+        return True
 
     def _retry_deletes_job(self, now: int) -> None:
         started = time.perf_counter()
