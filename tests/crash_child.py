@@ -27,7 +27,10 @@ The journal tells the parent what a dispatcher would know after the crash. It is
 * ``P i...``: ``poll`` returned these messages;
 * ``M i``: ``set_mark_delete`` acknowledged messages ``0..i`` (written after it returned: the
   dispatcher's durable cursor);
-* ``K``: ``clear()`` starts (earlier checkpoints no longer hold);
+* ``K``: ``clear()`` starts (earlier checkpoints, cancels and reschedules no longer hold);
+* ``x i...`` / ``r i t``: ``cancel`` of these tracked messages / ``reschedule`` of message ``i``
+  to ``t`` (later than its own time) returned; ``X i...`` / ``R i t``: the same, acknowledged:
+  a ``flush()`` after them returned, so they must survive a crash;
 * ``C i...``: after a ``flush()``, the tracked messages that are durable in sealed buckets;
 * ``S k label``: step ``k`` (every step in a dry run; the fatal one in a crash run);
 * ``I impl``: the implementation the child runs (``native`` or ``pure``);
@@ -63,6 +66,8 @@ PUBLISH_PER_SECOND = 25
 WINDOW_MS = 1_000
 RUN_JOBS_EVERY = 2  # windows between ManualExecutor.run_pending() calls
 FLUSH_EVERY = 9  # windows between flush() checkpoints
+CANCELS_PER_CHECKPOINT, RESCHEDULES_PER_CHECKPOINT = 2, 1  # made just before each checkpoint
+RESCHEDULE_BY_MS = 30_000  # a reschedule moves a message this much later
 CLEAR_AT = 0.45  # clear() after this fraction of the windows
 TAIL_STEPS, TAIL_STEP_MS = 24, 5_000  # after publishing: the clock runs on, polling
 POLL_BATCH = 64
@@ -261,6 +266,8 @@ class Dispatcher:
         self.tracked: set[int] = set()  # the model of the index's tracked set
         self.mark = -1  # messages 0..mark are acknowledged
         self.read = 0  # messages 0..read-1 were read from the topic
+        self.cancelled: set[int] = set()  # since the last rewind (never delivered)
+        self.unflushed: list[tuple[str, tuple[int, ...]]] = []  # X/R lines for the next flush
 
     def set_clock(self, ms: int) -> None:
         self.clock.set(ms)
@@ -295,7 +302,7 @@ class Dispatcher:
     def acknowledge(self) -> None:
         """Mark-delete the contiguous delivered prefix."""
         mark = self.mark
-        while mark + 1 < self.read and mark + 1 in self.delivered:
+        while mark + 1 < self.read and (mark + 1 in self.delivered or mark + 1 in self.cancelled):
             mark += 1
         if mark == self.mark:
             return
@@ -304,9 +311,37 @@ class Dispatcher:
         self.journal.write("M", (mark,))
         self.tracked = {i for i in self.tracked if i > mark}
 
+    def cancel_and_reschedule(self) -> None:
+        """Cancel the first tracked messages not due within 2 s and reschedule the next one
+        later (deterministic: the dry run and every crash run make the same calls)."""
+        soon = self.clock() + 2_000
+        candidates = sorted(i for i in self.tracked if int(self.msgs.deliver[i]) > soon)
+        chosen = candidates[:CANCELS_PER_CHECKPOINT]
+        moved = candidates[
+            CANCELS_PER_CHECKPOINT : CANCELS_PER_CHECKPOINT + RESCHEDULES_PER_CHECKPOINT
+        ]
+        for i in chosen:
+            if not self.index.cancel(*self.msgs.position(i)):
+                self.fail(f"cancel of tracked message {i} returned False")
+            self.tracked.discard(i)
+            self.cancelled.add(i)
+        if chosen:
+            self.journal.write("x", chosen)
+            self.unflushed.append(("X", tuple(chosen)))
+        for i in moved:
+            t = int(self.msgs.deliver[i]) + RESCHEDULE_BY_MS
+            if not self.index.reschedule(*self.msgs.position(i), t):
+                self.fail(f"reschedule of message {i} to {t} said deliver now")
+            self.journal.write("r", (i, t))
+            self.unflushed.append(("R", (i, t)))
+
     def checkpoint(self) -> None:
-        """flush(), then journal the tracked messages that are in durable sealed buckets."""
+        """flush(), then journal the acknowledged cancels and reschedules and the tracked
+        messages that are in durable sealed buckets."""
         self.index.flush()
+        for kind, values in self.unflushed:
+            self.journal.write(kind, values)
+        self.unflushed.clear()
         for i in self.tracked:
             if not self.index.contains(*self.msgs.position(i)):
                 self.fail(f"message {i} {self.msgs.position(i)} is tracked but not contained")
@@ -322,8 +357,10 @@ class Dispatcher:
     def rewind(self) -> None:
         """clear(), then re-read the topic from the mark-delete position (a cursor rewind)."""
         self.journal.write("K")
-        self.index.clear()
+        self.index.clear()  # forgets the cancels and reschedules too
         self.tracked.clear()
+        self.cancelled = {i for i in self.cancelled if i <= self.mark}
+        self.unflushed.clear()
         self.delivered = {i for i in self.delivered if i <= self.mark}
         if self.mark >= 0:
             self.index.set_mark_delete(*self.msgs.position(self.mark))
@@ -371,6 +408,7 @@ def run(store: str, messages: int, seed: int, hook: StepHook) -> None:
         if w == int(len(windows) * CLEAR_AT):
             dispatcher.rewind()
         elif w % FLUSH_EVERY == FLUSH_EVERY - 1:
+            dispatcher.cancel_and_reschedule()
             dispatcher.checkpoint()
     for _ in range(TAIL_STEPS):
         dispatcher.set_clock(clock() + TAIL_STEP_MS)

@@ -22,6 +22,10 @@ and drains the index by moving the clock forward. It checks:
     object is referenced by the manifest, no temp file is left, no intent is pending; and once
     everything is delivered, no snapshot is left at all;
 
+(e) a cancel acknowledged before the death (a ``flush()`` returned after it) holds: the message
+    is never delivered after the reopen, not even by the replay's ``add``; an acknowledged
+    reschedule holds: the message is not delivered before its new time;
+
 plus the index's own invariants (``_check``) after the reopen and at the end. A failure names
 the step number and label of its crash point.
 
@@ -58,6 +62,7 @@ import pytest
 import delayindex
 from delayindex import NATIVE, DelayIndex, FileStorage, ManualClock, SharedDelayIndex
 from delayindex.executors import InlineExecutor
+from delayindex.storage._overrides import Overrides
 
 SRC = str(Path(delayindex.__file__).resolve().parents[1])
 CHILD_PATH = Path(__file__).with_name("crash_child.py")
@@ -95,6 +100,9 @@ class Journal:
     impl: str = ""
     finished: bool = False
     early: list[str] = field(default_factory=list)
+    cancelled: set[int] = field(default_factory=set)  # acknowledged cancels
+    cancel_tried: set[int] = field(default_factory=set)  # cancels, acknowledged or not
+    moved: dict[int, int] = field(default_factory=dict)  # acknowledged reschedules
 
 
 def read_journal(path: Path) -> Journal:
@@ -106,7 +114,13 @@ def read_journal(path: Path) -> Journal:
             journal.steps.append((int(rest[0]), " ".join(rest[1:])))
             continue
         values = [int(v) for v in rest] if kind != "I" else []
-        if kind == "T":
+        if kind == "x":
+            journal.cancel_tried.update(values)
+        elif kind == "X":
+            journal.cancelled.update(values)
+        elif kind == "R":
+            journal.moved[values[0]] = values[1]
+        elif kind == "T":
             journal.now = values[0]
         elif kind in ("D", "P"):
             for i in values:  # the child's deliveries must be due too
@@ -118,6 +132,9 @@ def read_journal(path: Path) -> Journal:
             journal.mark = values[0]
         elif kind == "K":
             journal.checkpoint = set()  # cleared: what was durable before may be gone
+            # The clear forgets the overrides, unless the death came before its first commit:
+            # a cancel may still hold (cancel_tried stays), none has to.
+            journal.cancelled, journal.moved = set(), {}
         elif kind == "C":
             journal.checkpoint = set(values)
         elif kind == "I":
@@ -185,6 +202,7 @@ def verify(store: Path, journal: Journal) -> list[str]:
             for i in journal.checkpoint
             if i > mark
             and i not in journal.delivered
+            and i not in journal.cancel_tried  # a cancel may have landed before the death
             and deliver[i] > journal.now
             and not index.contains(*MSGS.position(i))
         )
@@ -201,6 +219,10 @@ def verify(store: Path, journal: Journal) -> list[str]:
                     continue
                 if not 0 <= deliver[i] <= now:  # (b)
                     problems.append(f"{p} delivered at {now}, due at {deliver[i]}")
+                if i in journal.cancelled:  # (e)
+                    problems.append(f"{p} delivered after the reopen; its cancel was flushed")
+                if journal.moved.get(i, now) > now:  # (e)
+                    problems.append(f"{p} delivered at {now}, rescheduled to {journal.moved[i]}")
                 if i <= mark:  # (c)
                     problems.append(f"{p} delivered after the reopen; the mark is message {mark}")
                 deliveries[i] += 1
@@ -209,6 +231,8 @@ def verify(store: Path, journal: Journal) -> list[str]:
             if not index.add(*MSGS.position(i), int(deliver[i])):
                 if deliver[i] > clock():
                     problems.append(f"add of {MSGS.position(i)} said deliver now, due {deliver[i]}")
+                if i in journal.cancelled or journal.moved.get(i, 0) > clock():  # (e)
+                    problems.append(f"the replay's add of cancelled or moved {i} said deliver")
                 deliveries[i] += 1
         while True:
             while batch := index.poll(4096):
@@ -222,7 +246,11 @@ def verify(store: Path, journal: Journal) -> list[str]:
             clock.set(max(nxt, clock() + DRAIN_STEP_MS))
         if len(index):
             problems.append(f"{len(index)} positions still tracked after the drain")
-        missing = [MSGS.position(i) for i in range(mark + 1, n) if not deliveries[i]]
+        missing = [
+            MSGS.position(i)
+            for i in range(mark + 1, n)
+            if not deliveries[i] and i not in journal.cancel_tried  # cancelled: never delivered
+        ]
         if missing:
             problems.append(f"never delivered after the reopen: {missing[:20]} ({len(missing)})")
         twice = sorted(MSGS.position(i) for i, c in deliveries.items() if c > 1)
@@ -363,6 +391,45 @@ def test_the_checks_catch_a_lost_snapshot(dry_run: DryRun, tmp_path: Path) -> No
         os.unlink(storage.object_path(live[-1].snapshot_id))
     problems = verify(store, dry_run.journal)
     assert any(p.startswith("durable positions lost on reopen") for p in problems), problems
+
+
+def test_the_checks_catch_a_forgotten_cancel(dry_run: DryRun, tmp_path: Path) -> None:
+    """The harness can fail: a store whose manifest lost the overrides of an acknowledged
+    cancel delivers the cancelled message again, and (e) says so."""
+    crash_at = _step_with_a_pending_cancel((dry_run.store.parent / "journal").read_text())
+    store, journal_path = tmp_path / "store", tmp_path / "journal"
+    done = run_child(store, journal_path, crash_at=crash_at)
+    assert done.returncode == child.EXIT_CRASHED, done.stderr
+    journal = read_journal(journal_path)
+    assert journal.cancelled, "the crash must come after an acknowledged cancel"
+    assert verify(_copy(store, tmp_path / "intact"), journal) == []
+    with FileStorage(store) as storage:
+        manifest = storage.read_manifest(child.NAME)
+        assert manifest.overrides, "the acknowledged cancel must be in the manifest"
+        storage.commit_manifest(child.NAME, dataclasses.replace(manifest, overrides=Overrides()))
+    problems = verify(store, journal)
+    assert any("its cancel was flushed" in p for p in problems), problems
+
+
+def _step_with_a_pending_cancel(text: str) -> int:
+    """The first step of the dry run taken while an acknowledged cancel is above the mark."""
+    mark, acknowledged = -1, set()
+    for line in text.split("\n"):
+        kind, *rest = line.split(" ")
+        if kind == "M":
+            mark = int(rest[0])
+        elif kind == "X":
+            acknowledged.update(int(v) for v in rest)
+        elif kind == "K":
+            acknowledged.clear()
+        elif kind == "S" and any(i > mark for i in acknowledged):
+            return int(rest[0])
+    raise AssertionError("the dry run never had an acknowledged cancel above the mark")
+
+
+def _copy(store: Path, where: Path) -> Path:
+    shutil.copytree(store, where)
+    return where
 
 
 def test_the_checks_catch_an_orphan(dry_run: DryRun, tmp_path: Path) -> None:
