@@ -278,3 +278,36 @@ def test_cancel_and_reschedule_reach_positions_the_due_log_holds() -> None:
         assert a.poll(100) == [Position(3, 2)] and b.poll(100) == [Position(3, 2)]
         assert shared.stats()["cancel_overrides"] == 1
         shared._check()
+
+
+def test_a_deferred_read_comes_late_and_the_due_log_stays_consistent() -> None:
+    """A failed segment read defers its bucket (late, never early) while the others deliver, so
+    its keys reach the due log after keys later in selection order. Found by the stateful test:
+    the due log's self-check demanded one global order across pops and failed on a correct
+    index; it now checks each pop's order."""
+    clock = ManualClock(T0)
+    storage = MemoryStorage()
+    config = TINY.replace(max_num_buckets=0, tick_ms=0, load_retry_delay_ms=100)
+    with SharedDelayIndex.open(
+        storage, "topic", config, clock=clock, executor=InlineExecutor()
+    ) as shared:
+        a, b = shared.subscribe("a"), shared.subscribe("b")
+        for entry in range(6):  # bucket [1, 1]: three segments, due first
+            assert shared.add(1, entry, T0 + 10 + entry)
+        for entry in range(3):  # bucket [2, 2]
+            assert shared.add(2, entry, T0 + 20 + entry)
+        assert shared.add(3, 0, T0 + 30)  # seals [2, 2]; stays in the mutable bucket
+        clock.advance(100)
+        storage.inject_failure("get_segments", times=4)  # every attempt of one read fails
+        assert _pairs(a.poll(100)) == [(2, 0), (2, 1), (2, 2), (3, 0)]
+        assert list(shared.stats()["retrying_loads"].values()) == [1]
+        shared._check()
+        assert a.poll(100) == []  # waits for its backoff
+        clock.advance(100)
+        assert _pairs(a.poll(100)) == [(1, e) for e in range(6)]  # late, once
+        shared._check()
+        assert _pairs(b.poll(100)) == sorted(
+            [(1, e) for e in range(6)] + [(2, 0), (2, 1), (2, 2), (3, 0)]
+        )
+        assert len(shared) == 0 and shared.stats()["due_log"] == 0
+        shared._check()

@@ -18,9 +18,15 @@ file are joined (up to :data:`SPILL_CHUNK_KEYS` keys), so a stopped reader costs
 spilled position (its bit) and almost nothing per chunk. The spill files together hold what the
 slowest reader has not read (a file goes once every reader is past it).
 
+Order. Each in-memory chunk is one pop from the topic index, in selection order; so is the log
+as a whole, except after a failed segment read: the topic index defers that bucket (late, never
+early) and keeps popping the others, so the deferred bucket's keys come in a later chunk, after
+keys later in selection order.
+
 Invariants (:meth:`DueLog._check`): chunks are contiguous (each starts where the previous one
-ends), non-empty and in selection order, spilled ones before in-memory ones; ``start <= end``;
-``memory`` holds exactly the positions of the in-memory chunks and ``spilled`` those of the
+ends), non-empty, spilled ones before in-memory ones, and each in-memory one in selection order
+(a joined spilled chunk may hold several pops); ``start <= end``; ``memory`` holds exactly the
+positions of the in-memory chunks and ``spilled`` those of the
 spilled ones (a position is in the log at most once).
 """
 
@@ -150,7 +156,7 @@ class DueLog:
     # -- writing ---------------------------------------------------------------------------------
 
     def append(self, times: Int64Array, ledgers: Int64Array, entries: Int64Array) -> None:
-        """Append keys popped from the topic index (already in selection order)."""
+        """Append keys popped from the topic index (one pop: in selection order)."""
         if not len(times):
             return
         chunk = _Chunk(self._end, len(times), (times, ledgers, entries))
@@ -335,14 +341,15 @@ class DueLog:
         expected = self._start
         in_memory: dict[tuple[int, int], int] = {}
         spilled: set[tuple[int, int]] = set()
-        previous: tuple[int, int, int] | None = None
         for i, (chunk, base) in enumerate(zip(self._chunks, self._bases, strict=True)):
             assert chunk.base == base == expected and chunk.size > 0
             assert (chunk.columns is None) == (i < self._first_memory), "spilled after in-memory"
             times, ledgers, entries = self._columns(i)
             keys = zip(times.tolist(), ledgers.tolist(), entries.tolist(), strict=True)
+            previous: tuple[int, int, int] | None = None  # across chunks: see "Order"
             for offset, key in enumerate(keys):
-                assert previous is None or previous < key, "keys out of selection order"
+                if chunk.columns is not None:  # one pop (joined spilled chunks: several)
+                    assert previous is None or previous < key, "keys out of selection order"
                 previous = key
                 if chunk.columns is None:
                     spilled.add((key[1], key[2]))
