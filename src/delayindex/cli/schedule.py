@@ -61,7 +61,7 @@ Int64Array = npt.NDArray[np.int64]
 DEFAULT_BINS = 20
 #: ``pending --limit`` default (the library's ``pending`` default).
 DEFAULT_LIMIT = 1000
-#: Width of the terminal histogram's bars, in characters.
+#: Widest bar of the terminal histogram, in characters (narrower on a narrow terminal).
 BAR_WIDTH = 40
 PLOT_HINT = "pip install 'delayindex[plot]' (or: pip install matplotlib)"
 
@@ -216,15 +216,17 @@ def render_histogram(
     console.print(head, soft_wrap=True)
     if edges is not None and counts is not None:
         top = max(int(counts.max()), 1)
+        # The times and counts never wrap; the bars take what the terminal has left.
+        width = max(10, min(BAR_WIDTH, console.width - 65))
         table = Table(title_justify="left")
-        table.add_column("from (UTC)")
-        table.add_column("to (UTC)")
-        table.add_column("count", justify="right")
-        table.add_column("", width=BAR_WIDTH, no_wrap=True)
+        table.add_column("from (UTC)", no_wrap=True)
+        table.add_column("to (UTC)", no_wrap=True)
+        table.add_column("count", justify="right", no_wrap=True)
+        table.add_column("", width=width, no_wrap=True)
         for i, count in enumerate(counts.tolist()):
             table.add_row(
                 stamp_ms(int(edges[i])), stamp_ms(int(edges[i + 1])), f"{count:,}",
-                Bar(top, 0, count, width=BAR_WIDTH, color="cyan"),
+                Bar(top, 0, count, width=width, color="cyan"),
             )  # fmt: skip
         console.print(table)
         console.print(f"  total {int(counts.sum()):,} in {len(counts)} bins", soft_wrap=True)
