@@ -11,12 +11,13 @@ Nothing is ever truncated: ``5.5`` raises instead of becoming ``5``. (The native
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["EXACT_FLOAT", "INT64_MAX", "INT64_MIN", "as_int", "int64_array"]
+__all__ = ["EXACT_FLOAT", "INT64_MAX", "INT64_MIN", "as_count", "as_int", "int64_array"]
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -24,6 +25,25 @@ INT64_MAX = 2**63 - 1
 EXACT_FLOAT = 2**53
 
 Int64Array = npt.NDArray[np.int64]
+
+
+def as_count(value: object, name: str = "max_messages") -> int:
+    """``value`` as a message count: any integral (``operator.index``-able, e.g. ``numpy.int64``)
+    but bool, clamped to ``[0, 2**63 - 1]`` (a count ``<= 0`` asks for nothing).
+
+    Raises:
+        TypeError: ``value`` is a bool or not integral.
+    """
+    if type(value) is int:
+        count = value
+    elif isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got bool")
+    else:
+        try:
+            count = operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    return 0 if count < 0 else min(count, INT64_MAX)
 
 
 def as_int(name: str, value: object, low: int | None = None, high: int | None = None) -> int:

@@ -8,6 +8,11 @@
   range, segments, messages, bytes, the segment recovery would load and the next delivery time),
   pending intents, dead letters, the persisted mark-delete position, the writer's last reported
   unpersisted counts and whether a writer holds the name (``delayindex.storeinfo``). Read-only.
+  ``--schedule [--bins N] [--from T] [--to T] [--plot FILE.png]`` adds each name's pending
+  schedule as a histogram with bars (``--plot``: also as a PNG, one name, needs matplotlib),
+  read offline like the rest (``delayindex.schedule``; ``schedule``).
+* ``delayindex pending STORE NAME [--from T] [--to T] [--limit N] [--json] [--now-ms]``: the
+  pending positions of a time range in delivery order, read offline (``schedule``).
 * ``delayindex gc --store PATH [--grace 10m] [--delete] [--retry-dead-letters] [--now-ms]``:
   objects no manifest references, unfinished intents and dead letters
   (``delayindex.garbage``). A dry run unless ``--delete``; never touches an object younger
@@ -65,8 +70,10 @@ Exit codes:
       (old spelling ``--strict``) found rejected dump rows; a ``bench`` benchmark failed its
       own checks; ``fsck`` found a damaged object, manifest or manifest history generation;
       ``clear`` found no such name or subscription; ``migrate`` was refused, or its build or
-      verify failed (no old index touched)
-2     bad usage: bad arguments, a store directory that does not exist, an unknown ``--name``;
+      verify failed (no old index touched); ``inspect --schedule``/``pending`` found a
+      missing or damaged snapshot (its positions are not counted)
+2     bad usage: bad arguments, a store directory that does not exist, an unknown ``--name``
+      (or ``pending`` NAME), ``--from`` not before ``--to``, matplotlib missing (``--plot``);
       an unreadable dump or one missing a column; pyspark or Java missing (``rebuild``);
       no benchmarks directory or pytest-benchmark missing (``bench``)
 3     store error: a damaged manifest (``gc`` then deletes nothing), an I/O failure, a name
@@ -79,9 +86,9 @@ defaults from ``TrackerConfig``, store checks, formatting, error and JSON printi
 bars, the error-mapping :func:`~delayindex.cli._common.handler`), then one module per command
 family, each with a ``register(sub)`` that adds its subcommands and binds their handlers with
 ``set_defaults(func=...)``: ``demo`` (demo, simulate), ``store`` (inspect, gc, fsck),
-``gendump`` (gen-dump), ``rebuild`` (rebuild, verify), ``bench``, ``repair`` and ``shared``
-(clear, migrate). :func:`main`
-parses and calls ``args.func``.
+``schedule`` (pending, and inspect's ``--schedule`` rendering and ``--plot``), ``gendump``
+(gen-dump), ``rebuild`` (rebuild, verify), ``bench``, ``repair`` and ``shared`` (clear,
+migrate). :func:`main` parses and calls ``args.func``.
 
 Two spellings were renamed to say what they mean; the old one still works: ``rebuild``/``verify
 --strict`` is ``--fail-on-rejected`` (fail on rejected dump rows) and ``simulate --strict`` is
@@ -97,7 +104,7 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from delayindex import __version__
-from delayindex.cli import bench, demo, gendump, rebuild, repair, shared, store
+from delayindex.cli import bench, demo, gendump, rebuild, repair, schedule, shared, store
 from delayindex.cli._common import (
     EXIT_CHECK_FAILED,
     EXIT_CODES_HELP,
@@ -137,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"delayindex {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for family in (demo, store, gendump, rebuild, bench, repair, shared):
+    for family in (demo, store, schedule, gendump, rebuild, bench, repair, shared):
         family.register(sub)
     return parser
 

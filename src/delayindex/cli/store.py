@@ -27,6 +27,7 @@ from delayindex.cli._common import (
     STORE_ERRORS,
     _check_names,
     _duration,
+    _int_at_least,
     _name,
     _now_ms,
     _open_store,
@@ -45,10 +46,25 @@ from delayindex.cli._common import (
     handler,
     parse_grace,
 )
+from delayindex.cli.schedule import (
+    DEFAULT_BINS,
+    add_range,
+    check_range,
+    render_histogram,
+    schedule_edges,
+    schedule_exit,
+    schedule_json,
+    write_plot,
+)
 
 if TYPE_CHECKING:
     from delayindex.garbage import GcReport, Orphan
+    from delayindex.schedule import StoredSchedule
+    from delayindex.storage.file import FileStorage
     from delayindex.storeinfo import NameInfo, PendingIntent, StoreInfo
+
+#: Per name: its offline schedule, the histogram's edges and counts (None: no range).
+Schedules = dict[str, tuple["StoredSchedule", Any, Any]]
 
 
 def register(sub: Any) -> None:
@@ -65,8 +81,7 @@ def register(sub: Any) -> None:
         "snapshots' metadata bitmaps (what a reopen would still deliver to it; the writer's "
         "unpersisted indexes and unreadable buckets are not counted). Offline the backlog is "
         "the lag measure; the due-log lag exists only in a running process's "
-        "SharedDelayIndex.stats()['subscriptions']. Read-only: takes no lock. "
-        + EXIT_CODES_HELP,
+        "SharedDelayIndex.stats()['subscriptions']. Read-only: takes no lock. " + EXIT_CODES_HELP,
         epilog="Exit 1: a snapshot is missing or unreadable, or dead letters remain.",
     )
     add_store(inspect)
@@ -80,6 +95,21 @@ def register(sub: Any) -> None:
     add_tick_ms(
         inspect, "the writer's tick: recovery's cutoff is now + tick (default 0: strict)", 0
     )
+    inspect.add_argument(
+        "--schedule", action="store_true",
+        help="also show each name's pending schedule as a histogram (read offline from the "
+        "snapshots' segments, as a reopen at --now-ms would track it)",
+    )  # fmt: skip
+    inspect.add_argument(
+        "--bins", type=_int_at_least(1), default=None, metavar="N",
+        help=f"histogram bins for --schedule (default {DEFAULT_BINS})",
+    )  # fmt: skip
+    add_range(inspect, "--schedule: bin the positions due")
+    inspect.add_argument(
+        "--plot", type=Path, default=None, metavar="FILE.png",
+        help="also write the --schedule histogram as a PNG (one name; implies --schedule; "
+        "needs matplotlib: the plot extra)",
+    )  # fmt: skip
     inspect.set_defaults(func=handler(_inspect, STORE_ERRORS))
 
     gc = sub.add_parser(
@@ -237,7 +267,9 @@ def _quarantine_table(name: NameInfo, now: int) -> Table:
     return table
 
 
-def _inspect_human(console: Console, info: StoreInfo, store: Path) -> None:
+def _inspect_human(
+    console: Console, info: StoreInfo, store: Path, schedules: Schedules | None = None
+) -> None:
     now = info.now_ms
     cutoff = "" if not info.tick_ms else f", tick {info.tick_ms} ms"
     console.print(
@@ -312,8 +344,50 @@ def _inspect_human(console: Console, info: StoreInfo, store: Path) -> None:
             console.print(dead)
         if name.quarantined:
             console.print(_quarantine_table(name, now))
+        if schedules and name.name in schedules:
+            render_histogram(console, *schedules[name.name])
     console.print()
     _print_problems(console, info.problems(), "every snapshot readable, no dead letters.")
+
+
+def _schedule_args(args: argparse.Namespace, names: list[str]) -> bool:
+    """Whether to read the schedules; refuses schedule options that cannot apply.
+
+    Raises:
+        _UsageError: ``--bins``/``--from``/``--to`` without ``--schedule`` or ``--plot``, an
+            empty range, or ``--plot`` over other than one name.
+    """
+    wanted = bool(args.schedule or args.plot is not None)
+    extra = [
+        flag
+        for flag, value in (("--bins", args.bins), ("--from", args.from_ms), ("--to", args.to_ms))
+        if value is not None
+    ]
+    if extra and not wanted:
+        raise _UsageError(f"{', '.join(extra)} apply to the schedule: add --schedule")
+    check_range(args.from_ms, args.to_ms)
+    if args.plot is not None and len(names) != 1:
+        raise _UsageError(
+            f"--plot draws one name's schedule; choose one with --name (this store has "
+            f"{len(names)}: {', '.join(names) or 'none'})"
+        )
+    return wanted
+
+
+def _read_schedules(args: argparse.Namespace, storage: FileStorage, info: StoreInfo) -> Schedules:
+    """Each readable name's schedule and its histogram over the requested bins."""
+    from delayindex.schedule import read_schedule
+
+    out: Schedules = {}
+    bins = DEFAULT_BINS if args.bins is None else args.bins
+    for name in info.names:
+        if name.error:
+            continue  # a damaged manifest: reported (exit 3)
+        schedule = read_schedule(storage, name.name, now_ms=info.now_ms, tick_ms=info.tick_ms)
+        edges = schedule_edges(schedule, bins, args.from_ms, args.to_ms)
+        counts = None if edges is None else schedule.due_histogram(edges)
+        out[name.name] = (schedule, edges, counts)
+    return out
 
 
 def _inspect(args: argparse.Namespace, console: Console) -> int:
@@ -322,13 +396,29 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
     storage = _open_store(args.store)
     with storage:
         names = _check_names(storage, args.name)
+        wanted = _schedule_args(args, names if names is not None else storage.list_manifests())
         now = _now_ms() if args.now_ms is None else args.now_ms
         info = inspect_store(storage, now_ms=now, tick_ms=args.tick_ms, names=names)
+        schedules = _read_schedules(args, storage, info) if wanted else {}
     code = _inspect_exit(info)
+    if schedules:
+        code = max(code, schedule_exit([s for s, _, _ in schedules.values()]))
+    if args.plot is not None and schedules:
+        ((name, (_, edges, counts)),) = schedules.items()
+        total = 0 if counts is None else int(counts.sum())
+        write_plot(args.plot, f"{args.store} / {name}: {total:,} pending (UTC)", edges, counts)
     if args.json:
-        _print_json(console, _inspect_json(info, args.store, code))
+        payload = _inspect_json(info, args.store, code)
+        for item in payload["names"]:
+            if item["name"] in schedules:
+                item["schedule"] = schedule_json(*schedules[item["name"]])
+        if args.plot is not None:
+            payload["plot"] = str(args.plot)
+        _print_json(console, payload)
     else:
-        _inspect_human(console, info, args.store)
+        _inspect_human(console, info, args.store, schedules)
+        if args.plot is not None and schedules:
+            console.print(f"wrote {escape(str(args.plot))}", soft_wrap=True)
     return code
 
 

@@ -7,37 +7,18 @@ lock guarding every public method, and an optional :class:`~delayindex.timers.Ar
 
 from __future__ import annotations
 
-import operator
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
 
+from delayindex._ints import as_count
 from delayindex.clock import Clock
 from delayindex.config import TrackerConfig
 from delayindex.timers import ArmingRule
 
-_INT64_MAX = 2**63 - 1
-
-
-def as_count(value: object, name: str = "max_messages") -> int:
-    """``value`` as a message count: any integral (``operator.index``-able, e.g. ``numpy.int64``)
-    but bool, clamped to ``[0, 2**63 - 1]`` (a count ``<= 0`` asks for nothing).
-
-    Raises:
-        TypeError: ``value`` is a bool or not integral.
-    """
-    if type(value) is int:
-        count = value
-    elif isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got bool")
-    else:
-        try:
-            count = operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
-    return 0 if count < 0 else min(count, _INT64_MAX)
+__all__ = ["TrackerFront", "as_count"]
 
 
 class TrackerFront(ABC):

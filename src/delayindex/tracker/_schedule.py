@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from delayindex._browse import histogram_edges, select_pending, time_range
 from delayindex.model import Position
 from delayindex.storage.base import SnapshotStorage
-from delayindex.tracker._browse import histogram_edges, select_pending, time_range
 from delayindex.tracker._bucket import _Bucket
 from delayindex.tracker._front import as_count
 

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from delayindex._browse import histogram_edges, select_pending, time_range
 from delayindex.model import Position
-from delayindex.tracker._browse import histogram_edges, select_pending, time_range
 from delayindex.tracker._front import as_count
 from delayindex.tracker.in_memory import _diagnose, as_int64_array
 

@@ -22,13 +22,13 @@ import numpy as np
 import numpy.typing as npt
 
 from delayindex import _impl
+from delayindex._browse import histogram_edges, select_pending, time_range
 from delayindex._ints import int64_array
 from delayindex.clock import Clock
 from delayindex.config import TrackerConfig
 from delayindex.errors import TrackerClosedError
 from delayindex.model import ADD_DELIVER, ADD_TRACKED, MAX_ENTRY_ID, MAX_TIME, MIN_TIME, Position
 from delayindex.timers import ArmingRule, Timer
-from delayindex.tracker._browse import histogram_edges, select_pending, time_range
 from delayindex.tracker._front import TrackerFront, as_count
 
 _DEFAULT_CONFIG = TrackerConfig()

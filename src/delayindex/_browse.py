@@ -1,5 +1,7 @@
-"""The browse rules every tracker shares: argument checks for ``pending`` and ``due_histogram``,
-and the ordered selection of ``pending`` from unordered live keys.
+"""The browse rules every tracker (and the offline ``delayindex.schedule``) shares: argument
+checks for ``pending`` and ``due_histogram``, the ordered selection of ``pending`` from unordered
+live keys, and the bin counts. It sits below ``tracker/`` so that the offline tools use the same
+rules without importing the tracker.
 
 A core hands over the live keys of a time range in no particular order (``live_keys``); the
 front picks the first ``limit`` in ``(deliver_at, ledger, entry)`` order here. The selection is
@@ -12,9 +14,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from delayindex._ints import int64_array
+from delayindex._ints import as_count, int64_array
 from delayindex.model import MAX_TIME, MIN_TIME, Position
-from delayindex.tracker._front import as_count
 
 Int64Array = npt.NDArray[np.int64]
 
