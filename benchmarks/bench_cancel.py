@@ -1,4 +1,6 @@
-"""Cancel and browse benchmarks: ``InMemoryTracker`` (native and pure build) against ``heapq`` +
+"""Cancel and browse benchmarks: ``DelayIndex`` (prefilled with ``add_many`` and ``flush()``: its
+sealed buckets are durable on FileStorage, so a browse reads their unloaded segments) and
+``InMemoryTracker`` (native and pure build) against ``heapq`` +
 ``set`` and ``SortedList`` + ``set``, whose ``cancel`` removes the position from the set and
 lets ``poll`` skip its node lazily (the cheapest correct cancel those structures allow).
 
@@ -30,7 +32,7 @@ from support import record, record_rate, rounds_for, slowed
 
 from delayindex import ManualClock
 
-CANCEL_KINDS = ["in_memory", "in_memory-pure", "heapq", "sortedlist"]
+CANCEL_KINDS = ["delay_index", "in_memory", "in_memory-pure", "heapq", "sortedlist"]
 BATCH = 1000
 BINS = 100
 
@@ -85,7 +87,7 @@ def test_cancel(
 def test_cancel_many(
     benchmark: Any, delayed: Any, size_id: str, env: Any, prefill: Any, kind: str
 ) -> None:
-    batched = kind.startswith("in_memory")
+    batched = kind.startswith(("in_memory", "delay_index"))
     label = None if batched else f"{kind} per-call cancel (no batch call)"
     record(benchmark, f"cancel-many-{size_id}", kind, label, size=len(delayed))
     ledgers, entries = _half(delayed)

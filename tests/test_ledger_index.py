@@ -116,6 +116,10 @@ class LedgerIndexMachine(RuleBasedStateMachine):
             assert len(twin) == len(self.model)
             assert twin.ledgers() == sorted({p[0] for p in self.model})
             assert twin.num_ledgers == len({p[0] for p in self.model})
+            ledgers, counts = twin.ledger_counts()
+            want = sorted({p[0] for p in self.model})
+            assert ledgers.tolist() == want
+            assert counts.tolist() == [sum(1 for p in self.model if p[0] == g) for g in want]
 
 
 TestLedgerIndexDifferential = LedgerIndexMachine.TestCase

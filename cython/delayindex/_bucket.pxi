@@ -393,6 +393,10 @@ cdef class BucketCore:
         return live_rows(self.tracked_mask, self.shadow, parts, self.direct.to_arrays(),
                          first, last)
 
+    def ledger_counts(self):
+        """``(ledgers, counts)``: the tracked positions per ledger, ledgers ascending."""
+        return self.index.ledger_counts()
+
     def authoritative_mask(self, ledgers, entries):
         """For segment copies read from storage: tracked and not shadowed by a direct copy."""
         live = self.tracked_mask(ledgers, entries)

@@ -343,6 +343,21 @@ cdef class LedgerIndex:
         out.sort()
         return out
 
+    def ledger_counts(self) -> tuple:
+        """``(ledgers, counts)`` int64 arrays: each non-empty ledger, ascending, and how many
+        positions it holds."""
+        cdef Py_ssize_t i, k = 0
+        ledgers = np.empty(self.nonempty, dtype=np.int64)
+        counts = np.empty(self.nonempty, dtype=np.int64)
+        cdef int64_t[::1] ls = ledgers, cs = counts
+        for i in range(self.cap):
+            if self.slots[i].ledger >= 0 and self.slots[i].count > 0:
+                ls[k] = self.slots[i].ledger
+                cs[k] = self.slots[i].count
+                k += 1
+        order = np.argsort(ledgers[:k], kind="stable")
+        return ledgers[:k][order], counts[:k][order]
+
     def bitmap(self, int64_t ledger, int64_t first=0, int64_t last=0xFFFFFFFF):
         """The entries of ``ledger`` in ``[first, last]`` as a new pyroaring BitMap (empty if
         none)."""

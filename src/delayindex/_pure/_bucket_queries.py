@@ -49,6 +49,10 @@ class BucketQueries:
             self.tracked_mask, self._shadow, parts, self._direct.to_arrays(), first, last
         )
 
+    def ledger_counts(self) -> tuple[Int64Array, Int64Array]:
+        """``(ledgers, counts)``: the tracked positions per ledger, ledgers ascending."""
+        return self._index.ledger_counts()
+
     def authoritative_mask(self, ledgers: Int64Array, entries: Int64Array) -> Any:
         """For segment copies read from storage: tracked and not shadowed by a direct copy."""
         live = self.tracked_mask(ledgers, entries)

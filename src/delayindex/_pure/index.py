@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+import numpy.typing as npt
 from pyroaring import BitMap
 
 from delayindex._pure._ints import check_ids
@@ -95,6 +96,15 @@ class LedgerIndex:
     def ledgers(self) -> list[int]:
         """Ledgers holding at least one position, ascending."""
         return sorted(k for k, bm in self._sets.items() if bm)
+
+    def ledger_counts(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """``(ledgers, counts)`` int64 arrays: each non-empty ledger, ascending, and how many
+        positions it holds."""
+        items = sorted((k, len(bm)) for k, bm in self._sets.items() if bm)
+        return (
+            np.array([k for k, _ in items], dtype=np.int64),
+            np.array([c for _, c in items], dtype=np.int64),
+        )
 
     def bitmap(self, ledger: int, first: int = 0, last: int = MAX_ENTRY_ID) -> BitMap:
         """The entries of ``ledger`` in ``[first, last]`` as a new pyroaring BitMap (empty if

@@ -43,9 +43,9 @@ class _Bucket:
     """Driver-side record of a sealed bucket (the core knows it only as a source id)."""
 
     __slots__ = (
-        "bounds", "current", "damage", "end", "exhausted", "load_failures", "merging", "mins",
-        "num_messages", "positions_known", "sid", "snapshot_bytes", "snapshot_id", "start",
-        "state",
+        "bounds", "current", "damage", "end", "exhausted", "load_failures", "maxs", "merging",
+        "mins", "num_messages", "positions_known", "sid", "snapshot_bytes", "snapshot_id",
+        "start", "state",
     )  # fmt: skip
 
     def __init__(self, sid: int, start: int, end: int, num_messages: int) -> None:
@@ -59,6 +59,7 @@ class _Bucket:
         self.current = 0  # 1-based segment in memory; 0: all of it is in memory
         self.mins: Int64Array = np.empty(0, dtype=np.int64)
         self.bounds: Int64Array = np.empty(0, dtype=np.int64)  # cumulative counts per segment
+        self.maxs: Int64Array = np.empty(0, dtype=np.int64)  # per segment: its largest time
         self.merging = False
         self.exhausted = False
         self.load_failures = 0  # consecutive failed segment reads (transient storage errors)

@@ -15,12 +15,15 @@ lost: a browse does not list them (``quarantined()`` does).
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from delayindex._browse import histogram_edges, select_pending, time_range
+from delayindex._browse import bin_counts, histogram_edges, select_pending, time_range
+from delayindex.model import MAX_TIME as _MAX_TIME
+from delayindex.model import MIN_TIME as _MIN_TIME
 from delayindex.model import Position
 from delayindex.storage.base import SnapshotStorage
 from delayindex.tracker._bucket import _Bucket
@@ -56,11 +59,13 @@ class ScheduleMixin:
         as_count(limit, "limit")
         if bounds is None:
             return []
-        return select_pending(*self._browse(*bounds), limit)
+        return select_pending(*self._browse(*bounds)[0], limit)
 
     def due_histogram(self, edges: object) -> npt.NDArray[np.int64]:
         """Exact count of tracked positions per ``[edges[i], edges[i+1])`` (``edges``: at least
-        two strictly increasing ints); segments in storage are read as needed.
+        two strictly increasing ints). A segment still in storage that lies wholly inside one
+        bin is counted from the snapshot's metadata without being read, when nothing of its
+        bucket left storage untracked (see the module docs); the others are read.
 
         Raises:
             TypeError: an edge is not an integer. ValueError: fewer than two edges, not
@@ -68,14 +73,14 @@ class ScheduleMixin:
             segment could not be read.
         """
         bins = histogram_edges(edges)
-        times = self._browse(int(bins[0]), int(bins[-1]) - 1)[0]
-        counts = np.bincount(
-            np.searchsorted(bins, times, side="right") - 1, minlength=len(bins) - 1
-        )
-        return counts.astype(np.int64)
+        keys, whole = self._browse(int(bins[0]), int(bins[-1]) - 1, bins)
+        return bin_counts(bins, keys[0]) + whole
 
-    def _browse(self, first: int, last: int) -> Keys:
-        """Every tracked position with ``first <= deliver_at <= last`` and a known time."""
+    def _browse(
+        self, first: int, last: int, bins: Int64Array | None = None
+    ) -> tuple[Keys, Int64Array]:
+        """Every tracked position with ``first <= deliver_at <= last`` and a known time, and
+        (with ``bins``) the per-bin counts of the segments counted from metadata instead."""
         for attempt in range(_ATTEMPTS + 1):
             locked = attempt == _ATTEMPTS
             if locked:
@@ -83,59 +88,102 @@ class ScheduleMixin:
             try:
                 with self._lock if not locked else _Held():
                     if self._closed:
-                        return _empty()
-                    plan = self._plan_reads(first, last)
-                rows = [self._read(bucket, a, b) for bucket, a, b in plan]
+                        return _empty(), _no_counts(bins)
+                    plan = self._plan(first, last, bins)
+                rows = [self._read(bucket, a, b) for bucket, a, b in plan.reads]
                 with self._lock if not locked else _Held():
                     if self._closed:
-                        return _empty()
-                    if not all(self._buckets.get(b.sid) is b for b, _, _ in plan):
-                        continue  # merged or dropped meanwhile: plan again
+                        return _empty(), _no_counts(bins)
+                    if self._plan(first, last, bins).signature != plan.signature:
+                        continue  # loaded, merged, dropped or changed meanwhile: plan again
                     parts = [self._core.live_keys(first, last)]
-                    for (bucket, a, _), (times, ledgers, entries, starts) in zip(
-                        plan, rows, strict=True
-                    ):
-                        skip = max(bucket.current + 1 - a, 0)  # segments loaded meanwhile
-                        begin = int(starts[skip]) if skip < len(starts) else len(times)
-                        t, lg, en = times[begin:], ledgers[begin:], entries[begin:]
-                        keep = (t >= first) & (t <= last)
-                        t, lg, en = t[keep], lg[keep], en[keep]
+                    for times, ledgers, entries in rows:
+                        keep = (times >= first) & (times <= last)
+                        t, lg, en = times[keep], ledgers[keep], entries[keep]
                         live = self._core.authoritative_mask(lg, en)
                         parts.append((t[live], lg[live], en[live]))
-                    return tuple(np.concatenate(c) for c in zip(*parts, strict=True))  # type: ignore[return-value]
+                    keys = tuple(np.concatenate(c) for c in zip(*parts, strict=True))
+                    return keys, plan.whole  # type: ignore[return-value]
             finally:
                 if locked:
                     self._lock.release()
         raise AssertionError("unreachable: the last attempt holds the lock")
 
-    def _plan_reads(self, first: int, last: int) -> list[tuple[_Bucket, int, int]]:
-        """Per durable bucket, the unloaded segments (1-based, inclusive) that can hold times
-        in ``[first, last]`` (lock held)."""
-        plan = []
-        for bucket in self._buckets.values():
-            if bucket.state != "durable" or bucket.current >= bucket.num_segments:
-                continue
-            lo = bucket.current + 1
-            # Segment k's times lie in [mins[k-1], mins[k]] (the next segment's minimum).
-            wanted = [
-                k for k in range(lo, bucket.num_segments + 1)
-                if int(bucket.mins[k - 1]) <= last
-                and (k == bucket.num_segments or int(bucket.mins[k]) >= first)
-            ]  # fmt: skip
-            if wanted:
-                plan.append((bucket, wanted[0], wanted[-1]))
+    def _plan(self, first: int, last: int, bins: Int64Array | None) -> _Plan:
+        """Which unloaded segments to read and which to count whole (lock held)."""
+        plan = _Plan(_no_counts(bins))
+        durable = [
+            b for b in self._buckets.values()
+            if b.state == "durable" and b.current < b.num_segments
+        ]  # fmt: skip
+        clean = self._clean_buckets(durable) if bins is not None else set()
+        for bucket in durable:
+            run: list[int] = []
+            for k in range(bucket.current + 1, bucket.num_segments + 1):
+                low, high = int(bucket.mins[k - 1]), int(bucket.maxs[k - 1])
+                if high < first or low > last:
+                    continue
+                if bins is not None and bucket.sid in clean:
+                    bin_low = int(np.searchsorted(bins, low, side="right")) - 1
+                    bin_high = int(np.searchsorted(bins, high, side="right")) - 1
+                    if bin_low == bin_high and 0 <= bin_low < len(bins) - 1:
+                        plan.whole[bin_low] += int(bucket.bounds[k - 1]) - _before(bucket, k)
+                        continue
+                if run and run[-1] != k - 1:
+                    plan.reads.append((bucket, run[0], run[-1]))
+                    run = []
+                run.append(k)
+            if run:
+                plan.reads.append((bucket, run[0], run[-1]))
+            plan.signature.append((bucket.sid, bucket.snapshot_id, bucket.current,
+                                   bucket.sid in clean))  # fmt: skip
         return plan
 
-    def _read(self, bucket: _Bucket, a: int, b: int) -> tuple[Any, Any, Any, Any]:
-        """Segments ``a..b`` of ``bucket`` and where each starts in the arrays."""
+    def _clean_buckets(self, durable: list[_Bucket]) -> set[int]:
+        """The buckets whose unloaded segments hold only tracked, authoritative copies: the
+        tracked positions of the bucket's ledgers are exactly those in memory plus the
+        unloaded segments' counts (a cancel, a due re-add, a reschedule or a mark that took a
+        position out of storage breaks the equality)."""
+        ledgers, counts = self._core.ledger_counts()
+        cumulative = np.concatenate(([0], np.cumsum(counts)))
+        memory = np.sort(self._core.live_keys(_MIN_TIME, _MAX_TIME)[1])
+        clean = set()
+        for bucket in durable:
+            lo = int(np.searchsorted(ledgers, bucket.start, side="left"))
+            hi = int(np.searchsorted(ledgers, bucket.end, side="right"))
+            tracked = int(cumulative[hi] - cumulative[lo])
+            in_memory = int(
+                np.searchsorted(memory, bucket.end, side="right")
+                - np.searchsorted(memory, bucket.start, side="left")
+            )
+            on_disk = int(bucket.bounds[-1]) - _before(bucket, bucket.current + 1)
+            if tracked == in_memory + on_disk:
+                clean.add(bucket.sid)
+        return clean
+
+    def _read(self, bucket: _Bucket, a: int, b: int) -> Keys:
+        """Segments ``a..b`` (1-based, inclusive) of ``bucket``, read from storage."""
         assert bucket.snapshot_id is not None
         times, ledgers, entries = self._storage.get_segment_arrays(bucket.snapshot_id, a, b)
-        base = int(bucket.bounds[a - 2]) if a > 1 else 0
-        starts = np.array(
-            [(int(bucket.bounds[k - 2]) if k > 1 else 0) - base for k in range(a, b + 1)],
-            dtype=np.int64,
-        )
-        return times, ledgers, entries, starts
+        return times, ledgers, entries
+
+
+@dataclass
+class _Plan:
+    """A browse's reads, its whole-segment counts, and what it was planned against."""
+
+    whole: Int64Array
+    reads: list[tuple[_Bucket, int, int]] = field(default_factory=list)
+    signature: list[tuple[int, str | None, int, bool]] = field(default_factory=list)
+
+
+def _before(bucket: _Bucket, k: int) -> int:
+    """Indexes in the segments before segment ``k`` (1-based)."""
+    return int(bucket.bounds[k - 2]) if k > 1 else 0
+
+
+def _no_counts(bins: Int64Array | None) -> Int64Array:
+    return np.zeros(0 if bins is None else len(bins) - 1, dtype=np.int64)
 
 
 class _Held:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from delayindex._browse import histogram_edges, select_pending, time_range
+from delayindex._browse import bin_counts, histogram_edges, select_pending, time_range
 from delayindex.model import Position
 from delayindex.tracker._front import as_count
 from delayindex.tracker.in_memory import _diagnose, as_int64_array
@@ -135,18 +135,18 @@ class SharedOverridesMixin:
     def due_histogram(self, edges: object) -> npt.NDArray[np.int64]:
         """The whole topic's counts per bin (as :meth:`DelayIndex.due_histogram`)."""
         bins = histogram_edges(edges)
-        times = self._browse_keys(int(bins[0]), int(bins[-1]) - 1)[0]
-        counts = np.bincount(
-            np.searchsorted(bins, times, side="right") - 1, minlength=len(bins) - 1
-        )
-        return counts.astype(np.int64)
-
-    def _browse_keys(self, first: int, last: int) -> tuple[Any, Any, Any]:
         with self._lock:
+            held = self._browse_keys(int(bins[0]), int(bins[-1]) - 1, topic=False)[0]
+            return self._topic.due_histogram(bins) + bin_counts(bins, held)
+
+    def _browse_keys(self, first: int, last: int, *, topic: bool = True) -> tuple[Any, Any, Any]:
+        with self._lock:
+            empty = np.empty(0, dtype=np.int64)
             if self._closed:
-                empty = np.empty(0, dtype=np.int64)
                 return empty, empty.copy(), empty.copy()
-            parts: list[Any] = [self._topic._browse(first, last)]
+            parts: list[Any] = [
+                self._topic._browse(first, last)[0] if topic else (empty, empty, empty)
+            ]
             held: set[tuple[int, int, int]] = set()
             for state in self._subs.values():
                 for _, times, ledgers, entries in self._log.columns_from(state.seq):

@@ -285,6 +285,7 @@ class DelayIndex(
         bucket.num_messages = record.num_messages
         # Two int64 per segment is all a bucket keeps of its metadata: the bitmaps stay on disk.
         bucket.mins = np.array(metadata.mins, dtype=np.int64)
+        bucket.maxs = np.array(metadata.maxs, dtype=np.int64)
         bucket.bounds = np.cumsum(metadata.counts)
 
     def _queue(self, job: Callable[[], None]) -> None:
