@@ -328,6 +328,7 @@ class BucketCoreMachine(RuleBasedStateMachine):
         assert self.cores[0].loaded == self.cores[1].loaded
         a, b = self.cores[0].counters(), self.cores[1].counters()
         assert a == b
+        self._both("override_record")
         cl, ce, ml, me, mt = self._both("overrides")
         assert set(zip(cl.tolist(), ce.tolist(), strict=True)) == self.cancelled
         assert dict(zip(zip(ml.tolist(), me.tolist(), strict=True), mt.tolist(), strict=True)) == (

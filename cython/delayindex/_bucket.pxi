@@ -424,6 +424,13 @@ cdef class BucketCore:
             if not self.acked(moved_ledgers[i], moved_entries[i]):
                 self.moved[(moved_ledgers[i], moved_entries[i])] = moved_times[i]
 
+    def override_record(self) -> tuple:
+        """The overrides for the manifest: ``(((ledger, roaring bytes), ...), ((ledger, entry,
+        time), ...))``, ledgers and positions ascending (no per-entry Python objects)."""
+        cancelled = tuple((ledger, self.cancelled.bitmap(ledger).serialize())
+                          for ledger in self.cancelled.ledgers())
+        return cancelled, tuple((p[0], p[1], t) for p, t in sorted(self.moved.items()))
+
     def overrides(self) -> tuple:
         """The cancel and reschedule overrides, for persistence: ``(cancelled_ledgers,
         cancelled_entries, moved_ledgers, moved_entries, moved_times)`` int64 arrays in

@@ -127,6 +127,17 @@ class BucketOverrides:
             if (ledger, entry) > self._mark:
                 self._moved[ledger, entry] = time
 
+    def override_record(
+        self,
+    ) -> tuple[tuple[tuple[int, bytes], ...], tuple[tuple[int, int, int], ...]]:
+        """The overrides for the manifest: ``(((ledger, roaring bytes), ...), ((ledger, entry,
+        time), ...))``, ledgers and positions ascending (no per-entry Python objects)."""
+        cancelled = tuple(
+            (ledger, self._cancelled.bitmap(ledger).serialize())
+            for ledger in self._cancelled.ledgers()
+        )
+        return cancelled, tuple((p[0], p[1], t) for p, t in sorted(self._moved.items()))
+
     def overrides(self) -> tuple[Any, Any, Any, Any, Any]:
         """The cancel and reschedule overrides, for persistence: ``(cancelled_ledgers,
         cancelled_entries, moved_ledgers, moved_entries, moved_times)`` int64 arrays in

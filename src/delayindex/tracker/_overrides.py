@@ -129,7 +129,7 @@ class OverridesMixin:
         """Hand the overrides to the catalog if they changed (lock held); True if they did."""
         if not self._overrides_dirty:
             return False
-        self._catalog.note_overrides(Overrides.from_arrays(*self._core.overrides()))
+        self._catalog.note_overrides(Overrides(*self._core.override_record()))
         self._overrides_dirty = False
         return True
 

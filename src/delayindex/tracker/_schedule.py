@@ -117,24 +117,30 @@ class ScheduleMixin:
             if b.state == "durable" and b.current < b.num_segments
         ]  # fmt: skip
         clean = self._clean_buckets(durable) if bins is not None else set()
+        nbins = 0 if bins is None else len(bins) - 1
         for bucket in durable:
-            run: list[int] = []
-            for k in range(bucket.current + 1, bucket.num_segments + 1):
-                low, high = int(bucket.mins[k - 1]), int(bucket.maxs[k - 1])
-                if high < first or low > last:
-                    continue
-                if bins is not None and bucket.sid in clean:
-                    bin_low = int(np.searchsorted(bins, low, side="right")) - 1
-                    bin_high = int(np.searchsorted(bins, high, side="right")) - 1
-                    if bin_low == bin_high and 0 <= bin_low < len(bins) - 1:
-                        plan.whole[bin_low] += int(bucket.bounds[k - 1]) - _before(bucket, k)
-                        continue
-                if run and run[-1] != k - 1:
-                    plan.reads.append((bucket, run[0], run[-1]))
-                    run = []
-                run.append(k)
-            if run:
-                plan.reads.append((bucket, run[0], run[-1]))
+            ks = np.arange(bucket.current + 1, bucket.num_segments + 1)  # unloaded, 1-based
+            mins, maxs = bucket.mins[ks - 1], bucket.maxs[ks - 1]
+            wanted = (maxs >= first) & (mins <= last)
+            if bins is not None and bucket.sid in clean:
+                low = np.searchsorted(bins, mins, side="right") - 1
+                high = np.searchsorted(bins, maxs, side="right") - 1
+                whole = wanted & (low == high) & (low >= 0) & (low < nbins)
+                before = np.where(ks > 1, bucket.bounds[np.maximum(ks - 2, 0)], 0)
+                sizes = bucket.bounds[ks - 1] - before
+                plan.whole += np.bincount(low[whole], weights=sizes[whole], minlength=nbins).astype(
+                    np.int64
+                )
+                wanted &= ~whole
+            read = ks[wanted]
+            if len(read):  # contiguous runs of segments, one read each
+                breaks = np.flatnonzero(np.diff(read) != 1)
+                starts = np.concatenate(([0], breaks + 1))
+                ends = np.concatenate((breaks, [len(read) - 1]))
+                plan.reads.extend(
+                    (bucket, int(read[a]), int(read[b]))
+                    for a, b in zip(starts.tolist(), ends.tolist(), strict=True)
+                )
             plan.signature.append((bucket.sid, bucket.snapshot_id, bucket.current,
                                    bucket.sid in clean))  # fmt: skip
         return plan

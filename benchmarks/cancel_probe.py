@@ -1,0 +1,85 @@
+"""Cancel and browse at scale, in a fresh process (not a pytest-benchmark module)::
+
+    python benchmarks/cancel_probe.py N
+
+One DelayIndex on FileStorage filled with the first ``N`` realistic delayed messages
+(``baselines.delayed_subset``) and flushed; then ``due_histogram`` with 100 equal bins over the
+whole time range (three times), ``cancel_many`` of every second message, ``flush()``, and the
+histogram again (now every bucket lost positions from storage, so its segments are read).
+Prints one JSON object: resident memory per message (RSS growth, after ``gc`` and
+``malloc_trim``) after the fill, after the histograms and after the cancels; the histogram
+times; the ``cancel_many`` rate.
+"""
+
+import gc
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np
+from baselines import _rss_bytes, delayed_subset
+
+from delayindex import DelayIndex, FileStorage, ManualClock
+from delayindex._memory import release_free_memory
+
+n = int(sys.argv[1])
+cols = delayed_subset(n)
+clock = ManualClock(0)
+root = Path(tempfile.mkdtemp(prefix="cancel-probe-"))
+gc.collect()
+release_free_memory()
+before = _rss_bytes()
+index = DelayIndex.open(FileStorage(root), "p", clock=clock)
+for s in range(0, n, 100_000):
+    index.add_many(*(c[s : s + 100_000] for c in cols))
+index.flush()
+gc.collect()
+release_free_memory()
+held = _rss_bytes()
+lo, hi = int(cols[2].min()), int(cols[2].max()) + 1
+edges = np.unique(np.linspace(lo, hi, 101).astype(np.int64))
+times = []
+for _ in range(3):
+    t = time.perf_counter()
+    counts = index.due_histogram(edges)
+    times.append(time.perf_counter() - t)
+assert int(counts.sum()) == n, (int(counts.sum()), n)
+gc.collect()
+release_free_memory()
+after_hist = _rss_bytes()
+t = time.perf_counter()
+out = index.cancel_many(cols[0][::2], cols[1][::2])
+cancel_s = time.perf_counter() - t
+assert int(out.sum()) == len(out)
+index.flush()
+gc.collect()
+release_free_memory()
+after_cancel = _rss_bytes()
+times2 = []
+for _ in range(3):
+    t = time.perf_counter()
+    counts2 = index.due_histogram(edges)
+    times2.append(time.perf_counter() - t)
+assert int(counts2.sum()) == n - len(out)
+stats = index.stats()
+print(
+    json.dumps(
+        {
+            "n": n,
+            "held_B_per_msg": (held - before) / n,
+            "histogram_ms_clean": [round(x * 1e3, 1) for x in times],
+            "cancel_many_half_s": round(cancel_s, 3),
+            "cancel_many_ops_per_s": round(len(out) / cancel_s),
+            "rss_change_after_histograms_B_per_msg": (after_hist - held) / n,
+            "rss_change_after_cancelling_half_B_per_msg": (after_cancel - after_hist) / n,
+            "histogram_ms_after_cancels": [round(x * 1e3, 1) for x in times2],
+            "cancel_overrides": stats["cancel_overrides"],
+            "memory_usage_bytes": index.memory_usage_bytes(),
+            "buckets": len(index.buckets()),
+        }
+    )
+)
+index.close()
