@@ -29,6 +29,7 @@ class BucketOverrides:
 
     _cancelled: LedgerIndex
     _moved: dict[tuple[int, int], int]
+    _overridden: bool
     _index: LedgerIndex
     _stale: set[tuple[int, int]]
     _shadow: set[tuple[int, int]]
@@ -46,12 +47,14 @@ class BucketOverrides:
     def _init_overrides(self) -> None:
         self._cancelled = LedgerIndex()
         self._moved = {}
+        self._overridden = False  # some override may exist (keeps the add path cheap)
 
     def _cancel(self, ledger: int, entry: int) -> bool:
         if not self._untrack(ledger, entry):
             return False
         self._cancelled.add(ledger, entry)
         self._moved.pop((ledger, entry), None)
+        self._overridden = True
         self._shadow.discard((ledger, entry))
         self._n["cancelled"] += 1
         return True
@@ -98,6 +101,7 @@ class BucketOverrides:
         self._stale.add((ledger, entry))
         self._shadow.discard((ledger, entry))
         self._moved[ledger, entry] = deliver_at
+        self._overridden = True
         self._n["rescheduled"] += 1
         return self._add(ledger, entry, deliver_at, cutoff)
 
@@ -119,6 +123,7 @@ class BucketOverrides:
             check_ids(ledger, entry)
             if (ledger, entry) > self._mark:
                 self._cancelled.add(ledger, entry)
+                self._overridden = True
         for ledger, entry, time in zip(
             np.asarray(moved_ledgers).tolist(), np.asarray(moved_entries).tolist(),
             np.asarray(moved_times).tolist(), strict=True,
@@ -126,6 +131,7 @@ class BucketOverrides:
             check_ids(ledger, entry)
             if (ledger, entry) > self._mark:
                 self._moved[ledger, entry] = time
+                self._overridden = True
 
     def override_record(
         self,
@@ -160,6 +166,8 @@ class BucketOverrides:
     def _override_on_add(self, ledger: int, entry: int, deliver_at: int) -> int | None:
         """The deliver time an add of the position takes (the override's, if any), or None
         when a cancel override refuses it."""
+        if not self._overridden:
+            return deliver_at
         if len(self._cancelled) and self._cancelled.contains(ledger, entry):
             return None
         if self._moved:

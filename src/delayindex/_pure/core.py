@@ -55,6 +55,7 @@ class TrackerCore(TickedCore):
         self._dead = 0  # nodes of cancelled or moved-away positions (not tracked, not stale)
         self._cancelled = LedgerIndex()
         self._moved: dict[tuple[int, int], int] = {}
+        self._overridden = False  # some cancel or reschedule override may exist
         self._count = 0
         self._tick = tick_ms
         self.strict = bool(strict)
@@ -112,11 +113,12 @@ class TrackerCore(TickedCore):
     def _add(self, ledger: int, entry: int, deliver_at: int, cutoff: int) -> int:
         n = self._n
         n["add_calls"] += 1
-        if len(self._cancelled) and self._cancelled.contains(ledger, entry):
-            n["refused_cancelled"] += 1
-            return ADD_CANCELLED
-        if self._moved:
-            deliver_at = self._moved.get((ledger, entry), deliver_at)
+        if self._overridden:  # off the usual path: no cancel or reschedule was ever made
+            if len(self._cancelled) and self._cancelled.contains(ledger, entry):
+                n["refused_cancelled"] += 1
+                return ADD_CANCELLED
+            if self._moved:
+                deliver_at = self._moved.get((ledger, entry), deliver_at)
         if deliver_at < 0 or deliver_at <= cutoff:
             self._fixed_delay = False
             n["rejected"] += 1
@@ -234,6 +236,7 @@ class TrackerCore(TickedCore):
             return False
         self._cancelled.add(ledger, entry)
         self._moved.pop((ledger, entry), None)
+        self._overridden = True
         self._n["cancelled"] += 1
         return True
 
@@ -274,6 +277,7 @@ class TrackerCore(TickedCore):
         if not (len(self._cancelled) and self._cancelled.discard(ledger, entry)):
             self._untrack_dead(ledger, entry)
         self._moved[ledger, entry] = deliver_at
+        self._overridden = True
         self._n["rescheduled"] += 1
         return self._add(ledger, entry, deliver_at, cutoff)
 
@@ -351,6 +355,7 @@ class TrackerCore(TickedCore):
         self._dead = 0
         self._cancelled.clear()
         self._moved.clear()
+        self._overridden = False
         self._count = 0
         self._fixed_delay = True
         self._highest = 0
