@@ -311,3 +311,22 @@ def test_a_deferred_read_comes_late_and_the_due_log_stays_consistent() -> None:
         )
         assert len(shared) == 0 and shared.stats()["due_log"] == 0
         shared._check()
+
+
+def test_a_re_add_of_a_rescheduled_held_position_keeps_the_new_time() -> None:
+    clock = ManualClock(T0)
+    with _open(MemoryStorage(), clock) as shared:
+        a, _b = shared.subscribe("a"), shared.subscribe("b")
+        _fill(shared, range(1, 2))  # (1, 0..2) at T0 + 110 ... 112
+        clock.advance(200)
+        assert len(a.poll(100)) == 3  # b has not read them: the due log holds them
+        assert shared.reschedule(1, 1, T0 + 5_000) is True  # new copies for a and b
+        c = shared.subscribe("c")  # holds no copy of (1, 1)
+        # The dispatcher's replay re-adds (1, 1) with its original time: c tracks it at the
+        # rescheduled time (as its own DelayIndex would), not at the original, due one.
+        assert shared.add(1, 1, T0 + 111) is True
+        assert c.contains(1, 1) and c.poll(100) == []
+        clock.advance(5_000)
+        assert c.poll(100) == [Position(1, 1)]
+        assert a.poll(100) == [Position(1, 1)]
+        shared._check()

@@ -424,6 +424,17 @@ cdef class BucketCore:
             if not self.acked(moved_ledgers[i], moved_entries[i]):
                 self.moved[(moved_ledgers[i], moved_entries[i])] = moved_times[i]
 
+    def override_of(self, int64_t ledger, int64_t entry):
+        """The override an add of the position meets: None, ``"cancelled"``, or the
+        rescheduled deliver time (at or below the mark: None, the mark decides)."""
+        if self.acked(ledger, entry):
+            return None
+        if self.cancelled.count and self.cancelled.ccontains(ledger, entry):
+            return "cancelled"
+        if self.moved:
+            return self.moved.get((ledger, entry))
+        return None
+
     def override_record(self) -> tuple:
         """The overrides for the manifest: ``(((ledger, roaring bytes), ...), ((ledger, entry,
         time), ...))``, ledgers and positions ascending (no per-entry Python objects)."""

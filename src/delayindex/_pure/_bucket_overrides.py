@@ -133,6 +133,15 @@ class BucketOverrides:
                 self._moved[ledger, entry] = time
                 self._overridden = True
 
+    def override_of(self, ledger: int, entry: int) -> str | int | None:
+        """The override an add of the position meets: None, ``"cancelled"``, or the
+        rescheduled deliver time (at or below the mark: None, the mark decides)."""
+        if (ledger, entry) <= self._mark:
+            return None
+        if len(self._cancelled) and self._cancelled.contains(ledger, entry):
+            return "cancelled"
+        return self._moved.get((ledger, entry)) if self._moved else None
+
     def override_record(
         self,
     ) -> tuple[tuple[tuple[int, bytes], ...], tuple[tuple[int, int, int], ...]]:

@@ -8,9 +8,10 @@ way each subscription's own tracker would: a cancel makes every subscription tha
 pending skip its log copy and drops the private copies; a reschedule does the same and gives
 every subscription that has not acknowledged the position a private copy at the new time
 (none if the new time is due: the call returns False and the dispatchers deliver it). Either
-way the override is also recorded, untracked, in the topic index, so that the dispatcher's
-replay after a restart meets it; ``_cancelled_held`` makes re-adds of a cancelled held position
-be refused while the log still holds it.
+way the override is also recorded, untracked, in the topic index: the one place re-adds consult
+(the topic's own ``add``, and the shared index's re-add of a held position through
+``BucketCore.override_of``), durable like every override. A cancel holds for every subscription
+of the topic: one that had already received the position does not get it again from a replay.
 
 Browse. ``pending`` and ``due_histogram`` cover the whole topic: what the topic index tracks
 (read as on a DelayIndex) plus the held keys some subscription still has to receive (its log
@@ -49,7 +50,6 @@ class SharedOverridesMixin:
     _log: DueLog
     _subs: dict[str, _SubState]
     _private_count: dict[tuple[int, int], int]
-    _cancelled_held: set[tuple[int, int]]
     _closed: bool
 
     if TYPE_CHECKING:  # provided by SharedDelayIndex
@@ -101,7 +101,6 @@ class SharedOverridesMixin:
             if topic_mark is not None and pos <= topic_mark:
                 return True  # acknowledged by every subscription
             self._drop_held(pos)
-            self._cancelled_held.discard(pos)
             self._topic._record_overrides(moved=[(*pos, deliver_at)])
             tracked = deliver_at >= 0 and deliver_at > self._topic._core.cutoff_for(
                 self._topic._now()
@@ -118,7 +117,6 @@ class SharedOverridesMixin:
         to receive; as on a DelayIndex, nothing is recorded otherwise."""
         if not self._drop_held(pos):
             return False
-        self._cancelled_held.add(pos)
         self._topic._record_overrides(cancelled=[pos])
         return True
 
@@ -182,11 +180,3 @@ class SharedOverridesMixin:
                     self._unpin(pos)
                 found = True
         return found
-
-    def _refused_as_cancelled(self, pos: tuple[int, int]) -> bool:
-        """Whether a re-add of a held position is refused by a cancel (see the module docs)."""
-        return pos in self._cancelled_held
-
-    def _forget_cancelled_held(self, mark: Any) -> None:
-        if self._cancelled_held and mark is not None:
-            self._cancelled_held = {pos for pos in self._cancelled_held if pos > mark}

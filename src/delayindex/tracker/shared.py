@@ -79,7 +79,6 @@ class SharedDelayIndex(SharedOverridesMixin):
         self._subs: dict[str, _SubState] = {}
         self._views: dict[str, Subscription] = {}
         self._private_count: dict[tuple[int, int], int] = {}
-        self._cancelled_held: set[tuple[int, int]] = set()
         self._lock = threading.RLock()
         self._closed = False
         self._last_batch: tuple[int, list[Position]] | None = None
@@ -234,8 +233,11 @@ class SharedDelayIndex(SharedOverridesMixin):
     def _readd(self, pos: tuple[int, int], deliver_at: int) -> bool:
         """A re-add of a held position: each subscription's own tracker's outcome."""
         _diagnose(ledger_id=pos[0], entry_id=pos[1], deliver_at=deliver_at)
-        if self._refused_as_cancelled(pos):
-            return True
+        override = self._topic._core.override_of(*pos)
+        if override == "cancelled":
+            return True  # a cancel holds for every subscription
+        if override is not None:
+            deliver_at = int(override)  # a reschedule holds too
         topic_mark = self._topic.mark_delete
         if topic_mark is not None and pos <= topic_mark:
             return True  # acknowledged by every subscription: refused
@@ -443,7 +445,6 @@ class SharedDelayIndex(SharedOverridesMixin):
         current = self._topic.mark_delete
         if current is None or lowest > current:
             self._topic.set_mark_delete(*lowest)
-            self._forget_cancelled_held(lowest)
 
     def _note(self) -> None:
         """Hand the subscription records to the topic index (persisted with its commits)."""
@@ -497,7 +498,6 @@ class SharedDelayIndex(SharedOverridesMixin):
             self._check_open()
             self._log.clear()
             self._private_count.clear()
-            self._cancelled_held.clear()
             for name in self._subs:
                 self._subs[name] = _SubState(name, self._log.end, None)
             # Noted first: the topic's clear commits at once, and that commit must carry the
