@@ -27,7 +27,7 @@ from pyroaring import BitMap
 
 from delayindex._pure._ints import as_i64, check_ids
 from delayindex._pure._ticked import TickedCore
-from delayindex._pure.heap import TripleHeap, _int64_column
+from delayindex._pure.heap import TripleHeap, _int64_column, position_columns
 from delayindex._pure.index import LedgerIndex
 from delayindex.model import ADD_CANCELLED, MAX_ENTRY_ID, Position
 
@@ -249,18 +249,7 @@ class TrackerCore(TickedCore):
 
     def cancel_many(self, ledgers: object, entries: object) -> npt.NDArray[np.bool_]:
         """:meth:`cancel` for each element, validated as a whole first; a bool array."""
-        ls, es = _int64_column(ledgers), _int64_column(entries)
-        if len(ls) != len(es):
-            raise ValueError(
-                f"cancel_many needs sequences of equal length, got {len(ls)}, {len(es)}"
-            )
-        bad = np.flatnonzero((ls < 0) | (es < 0) | (es > MAX_ENTRY_ID))
-        if len(bad):
-            i = int(bad[0])
-            raise ValueError(
-                f"element {i}: bad position ({ls[i]}, {es[i]}); need "
-                f"ledger_id >= 0 and 0 <= entry_id < 2**32"
-            )
+        ls, es = position_columns(ledgers, entries, "cancel_many")
         return np.array(
             [self._cancel(a, b) for a, b in zip(ls.tolist(), es.tolist(), strict=True)],
             dtype=np.bool_,

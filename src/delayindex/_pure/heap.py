@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import sys
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -147,3 +148,20 @@ def sorted_positions(ledgers: object, entries: object) -> list[Position]:
         raise ValueError(f"ledgers and entries differ in length ({len(ls)} != {len(es)})")
     order = np.lexsort((es, ls))
     return list(map(Position, ls[order].tolist(), es[order].tolist()))
+
+
+def position_columns(ledgers: object, entries: object, what: str) -> tuple[Any, Any]:
+    """Two id columns as int64 arrays, validated as a whole (both pure cores' batch calls):
+    equal lengths, ``ledger >= 0`` and ``0 <= entry < 2**32``, else ``ValueError`` naming the
+    first bad element (the native twins' message)."""
+    ls, es = _int64_column(ledgers), _int64_column(entries)
+    if len(ls) != len(es):
+        raise ValueError(f"{what} needs sequences of equal length, got {len(ls)}, {len(es)}")
+    bad = np.flatnonzero((ls < 0) | (es < 0) | (es > 0xFFFFFFFF))
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(
+            f"element {i}: bad position ({ls[i]}, {es[i]}); need "
+            f"ledger_id >= 0 and 0 <= entry_id < 2**32"
+        )
+    return ls, es
