@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from pyroaring import BitMap
 
 from delayindex import _impl
+from delayindex.storage._overrides import Overrides
 
 native_module = _impl.native_module_or_none()
 assert native_module is not None, "the native extension must be built for the differential test"
@@ -328,8 +329,7 @@ class BucketCoreMachine(RuleBasedStateMachine):
         assert self.cores[0].loaded == self.cores[1].loaded
         a, b = self.cores[0].counters(), self.cores[1].counters()
         assert a == b
-        self._both("override_record")
-        cl, ce, ml, me, mt = self._both("overrides")
+        cl, ce, ml, me, mt = Overrides(*self._both("override_record")).to_arrays()
         assert set(zip(cl.tolist(), ce.tolist(), strict=True)) == self.cancelled
         assert dict(zip(zip(ml.tolist(), me.tolist(), strict=True), mt.tolist(), strict=True)) == (
             self.moved

@@ -442,21 +442,6 @@ cdef class BucketCore:
                           for ledger in self.cancelled.ledgers())
         return cancelled, tuple((p[0], p[1], t) for p, t in sorted(self.moved.items()))
 
-    def overrides(self) -> tuple:
-        """The cancel and reschedule overrides, for persistence: ``(cancelled_ledgers,
-        cancelled_entries, moved_ledgers, moved_entries, moved_times)`` int64 arrays in
-        position order."""
-        cls, ces = [], []
-        for ledger in self.cancelled.ledgers():
-            entries = list(self.cancelled.bitmap(ledger))
-            cls.extend([ledger] * len(entries))
-            ces.extend(entries)
-        moved = sorted(self.moved.items())
-        return (np.array(cls, dtype=np.int64), np.array(ces, dtype=np.int64),
-                np.array([p[0] for p, _ in moved], dtype=np.int64),
-                np.array([p[1] for p, _ in moved], dtype=np.int64),
-                np.array([t for _, t in moved], dtype=np.int64))
-
     def untrack_ledgers(self, int64_t start, int64_t end) -> int:
         """Untrack every position of ledgers ``start..end``; return how many."""
         self.mutable_dirty = True

@@ -57,7 +57,6 @@ cdef class TrackerCore:
     cdef set stale               # (ledger, entry) whose heap node is no longer tracked
     cdef Py_ssize_t dead         # nodes of cancelled positions (neither tracked nor stale)
     cdef LedgerIndex cancelled   # cancel overrides (a re-add is refused)
-    cdef Py_ssize_t n_cancel_overrides  # len(cancelled), kept here for the add path
     cdef dict moved              # (ledger, entry) -> deliver_at: reschedule overrides
     cdef object last_bm          # cache: bitmap of the most recently used ledger
     cdef int64_t last_ledger
@@ -184,7 +183,7 @@ cdef class TrackerCore:
                   int64_t cutoff) except -1:
         cdef object bm, moved_to
         self.n_add_calls += 1
-        if self.n_cancel_overrides and self.cancelled.ccontains(ledger, entry):
+        if self.cancelled.count and self.cancelled.ccontains(ledger, entry):
             self.n_refused_cancelled += 1
             return ADD_CANCELLED_
         if self.moved:
@@ -363,7 +362,6 @@ cdef class TrackerCore:
         if not self.untrack_dead(ledger, entry):
             return False
         self.cancelled.cadd(ledger, entry)
-        self.n_cancel_overrides = self.cancelled.count
         if self.moved:
             self.moved.pop((ledger, entry), None)
         self.n_cancelled += 1
@@ -371,7 +369,7 @@ cdef class TrackerCore:
 
     def cancel(self, ledger, entry) -> bool:
         """Untrack a tracked position for good: True if it was tracked. A later add of it is
-        refused (``ADD_CANCELLED``) until :meth:`clear` or :meth:`forget_overrides_upto`."""
+        refused (``ADD_CANCELLED``) until :meth:`clear`."""
         cdef int64_t c_ledger = as_i64(ledger)
         cdef int64_t c_entry = as_i64(entry)
         check_ids(c_ledger, c_entry)
@@ -405,27 +403,11 @@ cdef class TrackerCore:
         check_ids(c_ledger, c_entry)
         # The old node (if any) stays behind, dead: its time is not the override's (or, at the
         # same time, it is a twin that poll skips once the position is delivered).
-        if self.n_cancel_overrides and self.cancelled.cdiscard(c_ledger, c_entry):
-            self.n_cancel_overrides -= 1
-        else:
+        if not (self.cancelled.count and self.cancelled.cdiscard(c_ledger, c_entry)):
             self.untrack_dead(c_ledger, c_entry)
         self.moved[(c_ledger, c_entry)] = c_deliver_at
         self.n_rescheduled += 1
         return self.cadd(c_ledger, c_entry, c_deliver_at, self.cutoff(c_now))
-
-    def forget_overrides_upto(self, ledger, entry) -> int:
-        """Drop the cancel and reschedule overrides at or below ``(ledger, entry)`` (the
-        mark-delete passed them); returns how many."""
-        cdef int64_t c_ledger = as_i64(ledger)
-        cdef int64_t c_entry = as_i64(entry)
-        cdef Py_ssize_t gone = self.cancelled.remove_upto(c_ledger, c_entry)
-        self.n_cancel_overrides = len(self.cancelled)
-        if self.moved:
-            old = [key for key in self.moved if key <= (c_ledger, c_entry)]
-            for key in old:
-                del self.moved[key]
-            gone += len(old)
-        return gone
 
     cdef inline bint live(self, int64_t time, int64_t ledger, int64_t entry):
         """Whether a node is its position's live copy (tracked, and at the override's time)."""
@@ -479,9 +461,8 @@ cdef class TrackerCore:
             return counts
         cdef int64_t[::1] c = counts
         if self.dead:  # twin nodes may exist: count distinct live positions
-            times = self.live_keys(edges[0], edges[nb] - 1)[0]
-            bins = np.searchsorted(np.asarray(edges), times, side="right") - 1
-            return np.bincount(bins, minlength=nb).astype(np.int64)
+            from delayindex._browse import bin_counts
+            return bin_counts(np.asarray(edges), self.live_keys(edges[0], edges[nb] - 1)[0])
         for i in range(self.heap.n):
             t = data[i].time
             if t < edges[0] or t >= edges[nb]:
@@ -526,7 +507,6 @@ cdef class TrackerCore:
         self.stale.clear()
         self.dead = 0
         self.cancelled.clear()
-        self.n_cancel_overrides = 0
         self.moved.clear()
         self.last_bm = None
         self.count = 0

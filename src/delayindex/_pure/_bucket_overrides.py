@@ -142,25 +142,6 @@ class BucketOverrides:
         )
         return cancelled, tuple((p[0], p[1], t) for p, t in sorted(self._moved.items()))
 
-    def overrides(self) -> tuple[Any, Any, Any, Any, Any]:
-        """The cancel and reschedule overrides, for persistence: ``(cancelled_ledgers,
-        cancelled_entries, moved_ledgers, moved_entries, moved_times)`` int64 arrays in
-        position order."""
-        cls: list[int] = []
-        ces: list[int] = []
-        for ledger in self._cancelled.ledgers():
-            entries = list(self._cancelled.bitmap(ledger))
-            cls.extend([ledger] * len(entries))
-            ces.extend(entries)
-        moved = sorted(self._moved.items())
-        return (
-            np.array(cls, dtype=np.int64),
-            np.array(ces, dtype=np.int64),
-            np.array([p[0] for p, _ in moved], dtype=np.int64),
-            np.array([p[1] for p, _ in moved], dtype=np.int64),
-            np.array([t for _, t in moved], dtype=np.int64),
-        )
-
     def _override_on_add(self, ledger: int, entry: int, deliver_at: int) -> int | None:
         """The deliver time an add of the position takes (the override's, if any), or None
         when a cancel override refuses it."""

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
+from delayindex._browse import bin_counts
 from delayindex._pure._ints import as_i64, check_ids
 from delayindex._pure._ticked import TickedCore
 from delayindex._pure.heap import TripleHeap, _int64_column, position_columns
@@ -242,7 +243,7 @@ class TrackerCore(TickedCore):
 
     def cancel(self, ledger: int, entry: int) -> bool:
         """Untrack a tracked position for good: True if it was tracked. A later add of it is
-        refused (``ADD_CANCELLED``) until :meth:`clear` or :meth:`forget_overrides_upto`."""
+        refused (``ADD_CANCELLED``) until :meth:`clear`."""
         ledger, entry = as_i64(ledger), as_i64(entry)
         check_ids(ledger, entry)
         return self._cancel(ledger, entry)
@@ -269,16 +270,6 @@ class TrackerCore(TickedCore):
         self._overridden = True
         self._n["rescheduled"] += 1
         return self._add(ledger, entry, deliver_at, cutoff)
-
-    def forget_overrides_upto(self, ledger: int, entry: int) -> int:
-        """Drop the cancel and reschedule overrides at or below ``(ledger, entry)`` (the
-        mark-delete passed them); returns how many."""
-        ledger, entry = as_i64(ledger), as_i64(entry)
-        gone = self._cancelled.remove_upto(ledger, entry)
-        old = [key for key in self._moved if key <= (ledger, entry)]
-        for key in old:
-            del self._moved[key]
-        return gone + len(old)
 
     def live_keys(self, first: int, last: int) -> tuple[Any, Any, Any]:
         """``(times, ledgers, entries)`` of the tracked positions with ``first <= deliver_at <=
@@ -310,9 +301,7 @@ class TrackerCore(TickedCore):
         nb = len(edges_arr) - 1
         if nb <= 0:
             return np.zeros(0, dtype=np.int64)
-        times = self.live_keys(int(edges_arr[0]), int(edges_arr[-1]) - 1)[0]
-        bins = np.searchsorted(edges_arr, times, side="right") - 1
-        return np.bincount(bins, minlength=nb).astype(np.int64)
+        return bin_counts(edges_arr, self.live_keys(int(edges_arr[0]), int(edges_arr[-1]) - 1)[0])
 
     def has_due(self, now: int) -> bool:
         """Whether some tracked position is due at ``now``."""

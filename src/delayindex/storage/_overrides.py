@@ -63,35 +63,6 @@ class Overrides:
     def __bool__(self) -> bool:
         return bool(self.cancelled or self.moved)
 
-    @classmethod
-    def from_arrays(
-        cls,
-        cancelled_ledgers: Int64Array,
-        cancelled_entries: Int64Array,
-        moved_ledgers: Int64Array,
-        moved_entries: Int64Array,
-        moved_times: Int64Array,
-    ) -> Overrides:
-        """From a core's ``overrides()`` (cancelled in position order, moved ascending)."""
-        cancelled = []
-        ledgers = np.asarray(cancelled_ledgers, dtype=np.int64)
-        entries = np.asarray(cancelled_entries, dtype=np.int64)
-        if len(ledgers):
-            starts = np.flatnonzero(np.r_[True, ledgers[1:] != ledgers[:-1]])
-            ends = np.r_[starts[1:], len(ledgers)]
-            for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-                bitmap = BitMap(entries[start:end].astype(np.uint32))
-                cancelled.append((int(ledgers[start]), bitmap.serialize()))
-        moved = tuple(
-            zip(
-                np.asarray(moved_ledgers).tolist(),
-                np.asarray(moved_entries).tolist(),
-                np.asarray(moved_times).tolist(),
-                strict=True,
-            )
-        )
-        return cls(tuple(cancelled), moved)
-
     def to_arrays(self) -> tuple[Int64Array, Int64Array, Int64Array, Int64Array, Int64Array]:
         """``(cancelled_ledgers, cancelled_entries, moved_ledgers, moved_entries,
         moved_times)`` int64 arrays, positions ascending."""

@@ -85,6 +85,11 @@ class _Bucket:
             and not self.exhausted
         )
 
+    def indexes_before(self, segment: int) -> int:
+        """Indexes in the segments before 1-based ``segment`` (where its rows start when
+        segments are read together)."""
+        return int(self.bounds[segment - 2]) if segment > 1 else 0
+
     def next_time(self, segment: int) -> int:
         """Min deliver time of 1-based ``segment + 1`` (-1 when there is none)."""
         return int(self.mins[segment]) if segment < self.num_segments else -1

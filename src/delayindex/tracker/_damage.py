@@ -190,7 +190,7 @@ class QuarantineMixin:
             return
         self._core.remove_source(bucket.sid)  # out of the merge; its positions stay tracked
         held = int(bucket.bounds[-1]) - (
-            int(bucket.bounds[first_segment - 2]) if first_segment > 1 else 0
+            bucket.indexes_before(first_segment)
         ) if len(bucket.bounds) else bucket.num_messages  # fmt: skip
         record = QuarantineRecord(
             bucket.snapshot_id, bucket.start, bucket.end, max(held, 0), first_segment,

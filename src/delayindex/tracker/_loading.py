@@ -62,7 +62,7 @@ class LoadingMixin:
         bucket = self._buckets[sid]
         started = time.perf_counter()
         first = bucket.current + 1
-        base = int(bucket.bounds[first - 2]) if first > 1 else 0
+        base = bucket.indexes_before(first)
         last = int(np.searchsorted(bucket.bounds, base + LOAD_BATCH_INDEXES, side="right"))
         last = first if single else min(max(last, first), bucket.num_segments)
         assert bucket.snapshot_id is not None

@@ -15,6 +15,7 @@ lost: a browse does not list them (``quarantined()`` does).
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,12 +87,12 @@ class ScheduleMixin:
             if locked:
                 self._lock.acquire()
             try:
-                with self._lock if not locked else _Held():
+                with self._lock if not locked else nullcontext():
                     if self._closed:
                         return _empty(), _no_counts(bins)
                     plan = self._plan(first, last, bins)
                 rows = [self._read(bucket, a, b) for bucket, a, b in plan.reads]
-                with self._lock if not locked else _Held():
+                with self._lock if not locked else nullcontext():
                     if self._closed:
                         return _empty(), _no_counts(bins)
                     if self._plan(first, last, bins).signature != plan.signature:
@@ -162,7 +163,7 @@ class ScheduleMixin:
                 np.searchsorted(memory, bucket.end, side="right")
                 - np.searchsorted(memory, bucket.start, side="left")
             )
-            on_disk = int(bucket.bounds[-1]) - _before(bucket, bucket.current + 1)
+            on_disk = int(bucket.bounds[-1]) - bucket.indexes_before(bucket.current + 1)
             if tracked == in_memory + on_disk:
                 clean.add(bucket.sid)
         return clean
@@ -183,23 +184,8 @@ class _Plan:
     signature: list[tuple[int, str | None, int, bool]] = field(default_factory=list)
 
 
-def _before(bucket: _Bucket, k: int) -> int:
-    """Indexes in the segments before segment ``k`` (1-based)."""
-    return int(bucket.bounds[k - 2]) if k > 1 else 0
-
-
 def _no_counts(bins: Int64Array | None) -> Int64Array:
     return np.zeros(0 if bins is None else len(bins) - 1, dtype=np.int64)
-
-
-class _Held:
-    """A no-op context for the attempt that already holds the lock."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _empty() -> Keys:

@@ -62,6 +62,9 @@ class SharedOverridesMixin:
 
         def _unpin(self, pos: tuple[int, int]) -> None: ...
 
+        @staticmethod
+        def _unacked(state: _SubState, ledgers: Any, entries: Any) -> Any: ...
+
     def cancel(self, ledger_id: int, entry_id: int) -> bool:
         """Cancel a position for every subscription (as :meth:`DelayIndex.cancel`): True if
         some subscription still had it to receive."""
@@ -126,41 +129,37 @@ class SharedOverridesMixin:
         """The whole topic's pending schedule (as :meth:`DelayIndex.pending`)."""
         bounds = time_range(start_ms, end_ms)
         as_count(limit, "limit")
-        if bounds is None:
-            return []
-        return select_pending(*self._browse_keys(*bounds), limit)
+        with self._lock:
+            if bounds is None or self._closed:
+                return []
+            topic, held = self._topic._browse(*bounds)[0], self._held_keys(*bounds)
+        times, ledgers, entries = (np.concatenate(c) for c in zip(topic, held, strict=True))
+        return select_pending(times, ledgers, entries, limit)
 
     def due_histogram(self, edges: object) -> npt.NDArray[np.int64]:
         """The whole topic's counts per bin (as :meth:`DelayIndex.due_histogram`)."""
         bins = histogram_edges(edges)
         with self._lock:
-            held = self._browse_keys(int(bins[0]), int(bins[-1]) - 1, topic=False)[0]
+            if self._closed:
+                return np.zeros(len(bins) - 1, dtype=np.int64)
+            held = self._held_keys(int(bins[0]), int(bins[-1]) - 1)[0]
             return self._topic.due_histogram(bins) + bin_counts(bins, held)
 
-    def _browse_keys(self, first: int, last: int, *, topic: bool = True) -> tuple[Any, Any, Any]:
-        with self._lock:
-            empty = np.empty(0, dtype=np.int64)
-            if self._closed:
-                return empty, empty.copy(), empty.copy()
-            parts: list[Any] = [
-                self._topic._browse(first, last)[0] if topic else (empty, empty, empty)
-            ]
-            held: set[tuple[int, int, int]] = set()
-            for state in self._subs.values():
-                for _, times, ledgers, entries in self._log.columns_from(state.seq):
-                    keep = (times >= first) & (times <= last)
-                    if state.mark is not None:
-                        ml, me = state.mark
-                        keep &= (ledgers > ml) | ((ledgers == ml) & (entries > me))
-                    for key in zip(times[keep].tolist(), ledgers[keep].tolist(),
-                                   entries[keep].tolist(), strict=True):  # fmt: skip
-                        if (key[1], key[2]) not in state.skip:
-                            held.add(key)
-                held.update(k for k in state.private if first <= k[0] <= last)
-            if held:
-                rows = sorted(held)
-                parts.append(tuple(np.array(c, dtype=np.int64) for c in zip(*rows, strict=True)))
-            return tuple(np.concatenate(c) for c in zip(*parts, strict=True))  # type: ignore[return-value]
+    def _held_keys(self, first: int, last: int) -> tuple[Any, Any, Any]:
+        """The held keys with ``first <= time <= last`` some subscription still has to
+        receive: log keys after its progress, not acknowledged, not skipped; private copies
+        (lock held)."""
+        held: set[tuple[int, int, int]] = set()
+        for state in self._subs.values():
+            for _, times, ledgers, entries in self._log.columns_from(state.seq):
+                keep = (times >= first) & (times <= last) & self._unacked(state, ledgers, entries)
+                for key in zip(times[keep].tolist(), ledgers[keep].tolist(),
+                               entries[keep].tolist(), strict=True):  # fmt: skip
+                    if (key[1], key[2]) not in state.skip:
+                        held.add(key)
+            held.update(k for k in state.private if first <= k[0] <= last)
+        rows = sorted(held)
+        return tuple(np.array([r[i] for r in rows], dtype=np.int64) for i in range(3))  # type: ignore[return-value]
 
     def _drop_held(self, pos: tuple[int, int]) -> bool:
         """No subscription receives its held copies of ``pos`` (log or private); True if some
