@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -26,14 +27,19 @@ from delayindex import (
     ManualClock,
     MemoryStorage,
     Position,
+    RecoveryError,
     SharedDelayIndex,
+    StorageError,
     TrackerClosedError,
     TrackerConfig,
 )
 from delayindex.executors import InlineExecutor
 
 T0 = 1_000_000
-CONFIG = TrackerConfig(tick_ms=10)
+RETRY_MS = 5  # load_retry_delay_ms and delete_retry_delay_ms: the backoff's first step
+MAX_BACKOFF_MS = 64 * RETRY_MS  # the backoff doubles up to 64x
+MAX_ATTEMPTS = 4  # storage attempts per operation: this many failures make it fail
+CONFIG = TrackerConfig(tick_ms=10, load_retry_delay_ms=RETRY_MS, delete_retry_delay_ms=RETRY_MS)
 #: Buckets so small that cancels and reschedules meet sealed, loaded and merged buckets.
 TINY = CONFIG.replace(
     min_index_count_per_bucket=2,
@@ -351,8 +357,9 @@ def test_flush_makes_a_cancel_durable_without_a_close(durable: Any) -> None:
 
 # -- stateful: the front against a dict model ---------------------------------------------------
 
-ledgers = st.integers(0, 2)
-entries = st.integers(0, 3)
+ENTRIES = range(4)
+ledgers = st.integers(0, 2)  # and the newer ledgers of ``add_next_ledger``
+entries = st.integers(ENTRIES.start, ENTRIES.stop - 1)
 offsets = st.integers(-20, 60)
 
 
@@ -371,6 +378,8 @@ class CancelMachine(RuleBasedStateMachine):
         self.moved: dict[tuple[int, int], int] = {}
         self.mark = (-1, -1)
         self.ever: set[tuple[int, int]] = set()
+        self.late = False  # a failed segment read deferred a bucket: due ones may come late
+        self.top = 2  # the newest ledger added
 
     def teardown(self) -> None:
         if hasattr(self, "tracker"):
@@ -394,6 +403,15 @@ class CancelMachine(RuleBasedStateMachine):
     def add(self, ledger: int, entry: int, offset: int) -> None:
         t = self.clock() + offset
         assert self.tracker.add(ledger, entry, t) == self._add((ledger, entry), t)
+
+    @precondition(lambda self: self.top < 12)
+    @rule(offsets=st.lists(offsets, min_size=1, max_size=4))
+    def add_next_ledger(self, offsets: list[int]) -> None:
+        """A producer moves on to a new ledger: the mutable bucket seals (so segments are
+        written and read back)."""
+        self.top += 1
+        for entry, offset in enumerate(offsets):
+            self.add(self.top, entry, offset)
 
     @rule(ledger=ledgers, entry=entries)
     def cancel(self, ledger: int, entry: int) -> None:
@@ -428,12 +446,82 @@ class CancelMachine(RuleBasedStateMachine):
         self.moved[pos] = t
         assert self.tracker.reschedule(ledger, entry, t) == self._add(pos, t)
 
+    def _reads_may_fail(self) -> bool:
+        storage = getattr(self.tracker, "storage", None)
+        return storage is not None and storage.pending_failures("get_segments") >= MAX_ATTEMPTS
+
+    def _note_late(self) -> None:
+        """Late deliveries start with a deferred read and end once nothing is retried and
+        nothing is due."""
+        if self.kind not in DURABLE_KINDS:
+            return
+        retrying = bool(self.tracker.stats()["retrying_loads"])
+        if retrying:
+            event("a failed read deferred a bucket")
+            self.late = True
+        elif not any(t <= self._cutoff() for t in self.tracked.values()):
+            self.late = False
+
     @rule(n=st.integers(0, 5))
     def poll(self, n: int) -> None:
+        may_fail = self._reads_may_fail()
+        got = self.tracker.poll(n)
+        self._note_late()
+        if self.late or may_fail:
+            self._check_late_poll(got, n)
+            return
         due = sorted((t, *p) for p, t in self.tracked.items() if t <= self._cutoff())[:n]
         for _, *p in due:
             del self.tracked[tuple(p)]  # type: ignore[arg-type]
-        assert self.tracker.poll(n) == sorted(Position(a, b) for _, a, b in due)
+        assert got == sorted(Position(a, b) for _, a, b in due)
+
+    def _check_late_poll(self, got: list[Position], n: int) -> None:
+        """A poll while a read may fail or was deferred: nothing untracked, cancelled or
+        early, sorted, at most ``n``."""
+        pairs = [(p.ledger_id, p.entry_id) for p in got]
+        assert pairs == sorted(set(pairs)) and len(pairs) <= n, pairs
+        for pos in pairs:
+            assert pos in self.tracked, f"{pos} delivered but not tracked (or cancelled)"
+            assert self.tracked[pos] <= self._cutoff(), f"{pos} delivered early"
+            del self.tracked[pos]
+
+    # -- storage faults (durable kinds) ----------------------------------------------------
+
+    @precondition(lambda self: self.kind in DURABLE_KINDS)
+    @rule(
+        op=st.sampled_from(("create", "delete", "get_metadata", "get_segments")),
+        times=st.sampled_from([1, 3, MAX_ATTEMPTS, 6]),
+        after=st.booleans(),
+    )
+    def inject_failure(self, op: str, times: int, after: bool) -> None:
+        """Queue failures: a failed create keeps the bucket in memory, a failed delete is
+        retried, a failed segment read defers its bucket (late, never early), a failed
+        recovery read fails the open (retried)."""
+        self.tracker.storage.inject_failure(
+            op, times=times, after=after and op in ("create", "delete")
+        )
+
+    @precondition(lambda self: self.kind in DURABLE_KINDS)
+    @rule(n=st.integers(1, 5), ms=st.integers(0, 60))
+    def poll_failing_reads(self, n: int, ms: int) -> None:
+        """``ms`` later, poll while the next segment read fails on every attempt: a bucket
+        whose next segment comes due is deferred (its messages come late, never early)."""
+        self.clock.advance(ms)
+        self.tracker.storage.inject_failure("get_segments", times=MAX_ATTEMPTS)
+        self.poll(n)
+
+    @precondition(lambda self: self.kind in DURABLE_KINDS)
+    @rule()
+    def heal(self) -> None:
+        """The storage works again; once the backoff has passed everything due comes."""
+        self.tracker.storage.clear_faults()
+        for _ in range(8):
+            self.clock.advance(MAX_BACKOFF_MS + 1)
+            self._check_late_poll(self.tracker.poll(10_000), 10_000)
+            self._note_late()
+            if not self.late:
+                break
+        assert not self.late, "the deferred reads never caught up"
 
     @rule(ms=st.integers(0, 40))
     def advance(self, ms: int) -> None:
@@ -464,12 +552,25 @@ class CancelMachine(RuleBasedStateMachine):
         """Close and open the store, then the dispatcher's replay of what it still holds."""
         storage = self.tracker.storage
         self.tracker.close()
-        self.tracker = KINDS[self.kind](self.clock, storage)
+        for _ in range(10):  # a failed recovery read fails the open: the operator retries
+            could_fail = any(
+                storage.pending_failures(op) >= MAX_ATTEMPTS
+                for op in ("get_metadata", "get_segments")
+            )
+            try:
+                self.tracker = KINDS[self.kind](self.clock, storage)
+                break
+            except RecoveryError:
+                event("reopen: recovery failed and was retried")
+                assert could_fail, "recovery failed with no injected failure able to cause it"
+        else:
+            raise AssertionError("recovery kept failing")
+        self.late = False
         for pos in sorted(set(self.tracked) | self.cancelled):
             t = self.tracked.get(pos, self.clock() + 1_000)
             assert self.tracker.add(*pos, t) == self._add(pos, t), pos
-        for ledger in range(3):
-            for entry in range(4):
+        for ledger in range(self.top + 1):
+            for entry in ENTRIES:
                 pos = (ledger, entry)
                 found = self.tracker.contains(ledger, entry)
                 if pos in self.cancelled or pos <= self.mark:
@@ -479,6 +580,7 @@ class CancelMachine(RuleBasedStateMachine):
                 elif found:  # delivered or untracked before: at-least-once brings it back
                     assert pos in self.ever, f"{pos} was never tracked"
         # Drain everything (times of positions brought back are the stored ones) to resync.
+        storage.clear_faults()
         self.clock.advance(10**9)
         drained = set()
         while got := self.tracker.poll(100):
@@ -492,14 +594,21 @@ class CancelMachine(RuleBasedStateMachine):
     def browse(self, start: int, width: int, limit: int) -> None:
         lo, hi = self.clock() + start, self.clock() + start + width
         want = sorted((t, p) for p, t in self.tracked.items() if lo <= t < hi)[:limit]
-        got = self.tracker.pending(lo, hi, limit)
-        assert [(t, tuple(p)) for t, p in got] == want
         edges = sorted({lo, (lo + hi) // 2 + 1, hi + 1})
         counts = [
             sum(1 for t in self.tracked.values() if lo_ <= t < hi_)
             for lo_, hi_ in itertools.pairwise(edges)
         ]
-        assert self.tracker.due_histogram(edges).tolist() == counts
+        may_fail = self._reads_may_fail()
+        try:
+            got = self.tracker.pending(lo, hi, limit)
+            histogram = self.tracker.due_histogram(edges).tolist()
+        except StorageError:
+            assert may_fail, "a browse failed with no injected failure"
+            event("browse: a segment read failed")
+            return  # reported; a browse changes nothing
+        assert [(t, tuple(p)) for t, p in got] == want
+        assert histogram == counts
 
     @invariant()
     def agree(self) -> None:
@@ -507,9 +616,10 @@ class CancelMachine(RuleBasedStateMachine):
             return
         self.tracker._core._check()
         assert len(self.tracker) == len(self.tracked)
-        for ledger in range(3):
-            for entry in range(4):
+        for ledger in range(self.top + 1):
+            for entry in ENTRIES:
                 assert self.tracker.contains(ledger, entry) == ((ledger, entry) in self.tracked)
 
 
 TestCancelStateful = CancelMachine.TestCase
+TestCancelStateful.settings = settings(stateful_step_count=100)  # examples: the profile

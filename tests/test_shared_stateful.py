@@ -20,6 +20,13 @@ snapshot is recovered. The model learns the recovered set, each position with th
 stored for it (one, nearly always). Then the building cursor replays every position above the
 lowest mark with the deliver time it was last added with; due ones are delivered directly.
 
+Cancels and reschedules: a cancel holds for the whole topic (each model untracks the position
+and refuses its re-adds, also one that had received it); a reschedule works as on each
+subscription's own DelayIndex (tracked again at the new time by every subscription that has not
+acknowledged it), and the index's answer is every model's. After a reopen the overrides hold:
+no cancelled position comes back, a moved one carries its new time; recovery drops what is due
+by its stored time, and the replay re-adds it (a moved one at its new time).
+
 Storage faults (``inject_failure``, ``fault_rate``, ``poll_failing_reads``): transient or
 exhausting failures of creates, deletes, metadata and segment reads, some taking effect before
 they fail (lost acknowledgements). A failed create keeps its bucket in memory, a failed
@@ -79,20 +86,41 @@ class Model:
         self.tracked: dict[Pos, frozenset[int]] = {}
         self.mark: Pos | None = None
         self.received: set[Pos] = set()
+        #: The topic's overrides as this subscription sees them (its own DelayIndex's): a
+        #: cancelled position is refused; a moved one is tracked at its new time on a re-add.
+        self.cancelled: set[Pos] = set()
+        self.moved: dict[Pos, int] = {}
 
     def _cutoff(self) -> int:
         return self.clock() + self.tick
 
     def add(self, ledger: int, entry: int, deliver_at: int) -> bool:
         pos = (ledger, entry)
-        if self.mark is not None and pos <= self.mark:
-            return True  # acknowledged: refused
+        if (self.mark is not None and pos <= self.mark) or pos in self.cancelled:
+            return True  # acknowledged or cancelled: refused
+        deliver_at = self.moved.get(pos, deliver_at)
         if deliver_at < 0 or deliver_at <= self._cutoff():
             self.tracked.pop(pos, None)  # a due re-add untracks
             self.received.add(pos)  # the dispatcher delivers it now
             return False
         self.tracked.setdefault(pos, frozenset({deliver_at}))
         return True
+
+    def cancel(self, pos: Pos) -> None:
+        """A cancel some subscription still had to receive: it holds for the whole topic."""
+        if self.mark is None or pos > self.mark:
+            self.tracked.pop(pos, None)
+            self.cancelled.add(pos)
+            self.moved.pop(pos, None)
+
+    def reschedule(self, pos: Pos, deliver_at: int) -> bool:
+        """As on this subscription's own DelayIndex: tracked (again) at the new time."""
+        if self.mark is not None and pos <= self.mark:
+            return True
+        self.cancelled.discard(pos)
+        self.tracked.pop(pos, None)
+        self.moved[pos] = deliver_at
+        return self.add(*pos, deliver_at)
 
     def add_many(self, ledgers: Any, entries: Any, times: Any) -> Any:
         return np.array(
@@ -159,6 +187,8 @@ class Model:
             mark = self.mark = (ledger, entry)
             self.tracked = {p: t for p, t in self.tracked.items() if p > mark}
             self.received = {p for p in self.received if p > mark}
+            self.cancelled = {p for p in self.cancelled if p > mark}
+            self.moved = {p: t for p, t in self.moved.items() if p > mark}
 
     def contains(self, ledger: int, entry: int) -> bool:
         return (ledger, entry) in self.tracked
@@ -169,6 +199,8 @@ class Model:
     def clear(self) -> None:
         self.tracked.clear()
         self.received.clear()
+        self.cancelled.clear()
+        self.moved.clear()
         self.mark = None
 
 
@@ -186,15 +218,6 @@ def snapshot_times(storage: MemoryStorage, ids: Iterable[str]) -> dict[Pos, set[
             ):
                 out.setdefault((ledger, entry), set()).add(t)
     return out
-
-
-def drop_queued_faults(storage: MemoryStorage) -> None:
-    """Storage works again: forget the failures ``inject_failure`` queued and nothing used up
-    (MemoryStorage has no public way to cancel them)."""
-    with storage._lock:
-        for queue in storage._faults.values():
-            queue.clear()
-    storage.set_fault_rate(0.0)
 
 
 T0 = 10_000
@@ -299,6 +322,32 @@ class SharedMachine(RuleBasedStateMachine):
                 model.add_many(*cols)
         assert self.shared.add_many(*cols).tolist() == want.tolist()
 
+    @rule(ledger=ledgers, entry=entries)
+    def cancel(self, ledger: int, entry: int) -> None:
+        pos = (ledger, entry)
+        expected = any(pos in m.tracked for m in self.models.values())
+        if expected:
+            for model in self.models.values():
+                model.cancel(pos)
+        assert self.shared.cancel(ledger, entry) is expected
+
+    @rule(batch=st.lists(st.tuples(ledgers, entries), max_size=5))
+    def cancel_many(self, batch: list[Pos]) -> None:
+        expected = []
+        for pos in batch:
+            expected.append(any(pos in m.tracked for m in self.models.values()))
+            if expected[-1]:
+                for model in self.models.values():
+                    model.cancel(pos)
+        got = self.shared.cancel_many([p[0] for p in batch], [p[1] for p in batch])
+        assert got.tolist() == expected
+
+    @rule(ledger=ledgers, entry=entries, offset=offsets)
+    def reschedule(self, ledger: int, entry: int, offset: int) -> None:
+        pos, deliver_at = (ledger, entry), self.clock() + offset
+        results = [m.reschedule(pos, deliver_at) for m in self.models.values()]
+        assert self.shared.reschedule(ledger, entry, deliver_at) is all(results)
+
     @rule(dt=st.integers(0, 25))
     def advance(self, dt: int) -> None:
         self.clock.advance(dt)
@@ -388,7 +437,7 @@ class SharedMachine(RuleBasedStateMachine):
     def heal(self) -> None:
         """The faults stop; once the retries' backoff has passed, everything due is delivered
         in full (and, the clock now past every deliver time, everything)."""
-        drop_queued_faults(self.storage)
+        self.storage.clear_faults()
         self.faults = False
         rounds = 0
         while rounds < 8:
@@ -457,15 +506,24 @@ class SharedMachine(RuleBasedStateMachine):
             }
             for pos in recovered:
                 assert model.mark is None or pos > model.mark, (name, pos, "acknowledged")
+                assert pos not in model.cancelled, (name, pos, "cancelled, but back")
                 assert pos in stored, (name, pos, "recovered but in no snapshot")
                 assert pos in at_close[name] or pos in model.received, (name, pos, "never had")
             for pos in at_close[name]:
-                if pos in in_durable and min(in_durable[pos]) > cutoff:
+                # Recovery drops what is due by its stored time (the replay re-adds it, a
+                # moved one at its new time); the override re-applies to what it keeps.
+                due_later = min(in_durable.get(pos, {0})) > cutoff
+                if pos in model.moved:
+                    due_later = due_later and model.moved[pos] > cutoff
+                if pos in in_durable and due_later:
                     assert pos in recovered, (name, pos, "durable and due later, but lost")
             if recovered - at_close[name]:
                 event("reopen: a received position came back")
             event(f"reopen: recovered {'none' if not recovered else 'some'}")
-            model.tracked = {pos: frozenset(stored[pos]) for pos in recovered}
+            model.tracked = {
+                pos: frozenset([model.moved[pos]] if pos in model.moved else stored[pos])
+                for pos in recovered
+            }
         self.late = False
         self.reopened = True
         lowest = self._lowest_mark_model().mark

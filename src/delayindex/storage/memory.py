@@ -181,6 +181,13 @@ class MemoryStorage(BaseStorage):
         with self._lock:
             return sum(f.remaining for f in self._faults[op])
 
+    def clear_faults(self) -> None:
+        """The storage works again: drop every queued failure and stop random ones."""
+        with self._lock:
+            for queue in self._faults.values():
+                queue.clear()
+            self._random = None
+
     def set_fault_rate(
         self,
         rate: float,
