@@ -180,6 +180,24 @@ def test_segment_arrays_match_the_segments(backend: Backend, snap: Snapshot) -> 
         backend.storage.get_segment_arrays("missing", 1, 1)
 
 
+def test_segment_runs_concatenate_the_ranges(backend: Backend, snap: Snapshot) -> None:
+    metadata, segments = snap
+    n = metadata.num_segments
+    backend.storage.create(metadata, segments, "k")
+    runs = [(2, 2), (1, 1), (n + 1, n + 3), (3, n + 4)]
+    want = [backend.storage.get_segment_arrays("k", a, b) for a, b in runs]
+    got = backend.storage.get_segment_runs("k", runs)
+    for i in range(3):
+        assert got[i].tolist() == [x for w in want for x in w[i].tolist()]
+    assert all(len(c) == 0 for c in backend.storage.get_segment_runs("k", []))
+    calls = backend.storage.stats()["get_segments"]["calls"]
+    with pytest.raises(ValueError, match="bad segment range"):
+        backend.storage.get_segment_runs("k", [(1, 2), (0, 1)])
+    assert backend.storage.stats()["get_segments"]["calls"] == calls  # validated first
+    with pytest.raises(SnapshotNotFoundError):
+        backend.storage.get_segment_runs("missing", [(1, 1)])
+
+
 @pytest.mark.parametrize(("first", "last"), [(0, 1), (-1, 3), (3, 2), (2, 1), (0, 0)])
 def test_bad_ranges(backend: Backend, snap: Snapshot, first: int, last: int) -> None:
     backend.storage.create(*snap, "k")

@@ -24,6 +24,8 @@ what failed; nothing decodes silently wrong. See docs/snapshot-format.md.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import re
 import struct
 from collections.abc import Sequence
@@ -74,14 +76,23 @@ class ObjectHeader:
         """Segments in the object (entries minus the metadata)."""
         return len(self.entry_lengths) - 1
 
+    @functools.cached_property
+    def _offsets(self) -> tuple[int, ...]:
+        # Byte offset of each entry and of the end (computed once: reads look it up).
+        return tuple(itertools.accumulate(self.entry_lengths, initial=self.header_bytes))
+
     @property
     def total_bytes(self) -> int:
         """Length of the whole object."""
-        return self.header_bytes + sum(self.entry_lengths)
+        return self._offsets[-1]
 
     def entry_offset(self, index: int) -> int:
         """Byte offset of entry ``index`` from the start of the object."""
-        return self.header_bytes + sum(self.entry_lengths[:index])
+        return self._offsets[index]
+
+    def span(self, first: int, last: int) -> int:
+        """Bytes of entries ``first..last`` (inclusive)."""
+        return self._offsets[last + 1] - self._offsets[first]
 
 
 # -- varints ------------------------------------------------------------------------------------

@@ -46,6 +46,8 @@ class ObjectsMixin(RawStorage):
     # State (set in BaseStorage.__init__).
     # id -> (fingerprint, metadata, whether every bitmap was checked)
     _cache: OrderedDict[str, tuple[Hashable, SnapshotMetadata, bool]]
+    # id -> (fingerprint, header): segment reads skip re-reading and parsing the header
+    _headers: OrderedDict[str, tuple[Hashable, ObjectHeader]]
     _cache_size: int
 
     @staticmethod
@@ -60,14 +62,31 @@ class ObjectsMixin(RawStorage):
             )
         return header
 
+    def _header(self, src: ObjectSource) -> ObjectHeader:
+        """The object's header: the one cached with its metadata while the object's
+        fingerprint is unchanged (a browse reads many single segments), else read."""
+        with self._state_lock:
+            cached = self._headers.get(src.key)
+        if cached is not None and cached[0] == src.fingerprint:
+            return cached[1]
+        header = self._read_header(src)
+        if self._cache_size:
+            with self._state_lock:
+                self._headers[src.key] = (src.fingerprint, header)
+                self._headers.move_to_end(src.key)
+                while len(self._headers) > self._cache_size:
+                    self._headers.popitem(last=False)
+        return header
+
     @staticmethod
     def _read_entries(
         src: ObjectSource, header: ObjectHeader, first: int, last: int
     ) -> list[bytes]:
         """Framed entries ``first..last`` (entry indexes, inclusive), read in one call."""
         lengths = header.entry_lengths[first : last + 1]
-        blob = src.read(header.entry_offset(first), sum(lengths))
-        if len(blob) != sum(lengths):
+        span = header.span(first, last)
+        blob = src.read(header.entry_offset(first), span)
+        if len(blob) != span:
             raise SnapshotCorruptError(f"{src.where}: short read of entries {first}..{last}")
         entries, pos = [], 0
         for length in lengths:
@@ -111,6 +130,7 @@ class ObjectsMixin(RawStorage):
     def _forget(self, key: str) -> None:
         with self._state_lock:
             self._cache.pop(key, None)
+            self._headers.pop(key, None)
 
     # -- SnapshotStorage ----------------------------------------------------------------------
 
@@ -133,21 +153,35 @@ class ObjectsMixin(RawStorage):
         return self._retry("get_metadata", snapshot_id, attempt)
 
     def _decoded_segments(self, snapshot_id: str, first: int, last: int) -> Sequence[Segment]:
-        validate_key(snapshot_id, "snapshot id")
-        _check_int(first, "first")
-        _check_int(last, "last")
-        if first < 1 or last < first:
-            raise ValueError(f"bad segment range {first}..{last} (1-based, inclusive)")
+        return self._decoded_runs(snapshot_id, [(first, last)])[0]
 
-        def attempt(_: int) -> Sequence[Segment]:
+    def _decoded_runs(
+        self, snapshot_id: str, runs: Sequence[tuple[int, int]]
+    ) -> list[Sequence[Segment]]:
+        validate_key(snapshot_id, "snapshot id")
+        for first, last in runs:
+            _check_int(first, "first")
+            _check_int(last, "last")
+            if first < 1 or last < first:
+                raise ValueError(f"bad segment range {first}..{last} (1-based, inclusive)")
+
+        def attempt(_: int) -> list[Sequence[Segment]]:
+            read: list[tuple[int, list[bytes]]] = []
             with self._raw_source(snapshot_id) as src:
-                header = self._read_header(src)
-                stop = min(last, header.num_segments)
-                if first > stop:
-                    return []
-                metadata = self._metadata(src, header)
-                entries = self._read_entries(src, header, first, stop)
-            return decode_segments(entries, metadata, first, src.where)
+                header = self._header(src)
+                metadata = None
+                for first, last in runs:
+                    stop = min(last, header.num_segments)
+                    if first > stop:
+                        read.append((first, []))
+                        continue
+                    if metadata is None:
+                        metadata = self._metadata(src, header)
+                    read.append((first, self._read_entries(src, header, first, stop)))
+            return [
+                decode_segments(entries, metadata, first, src.where) if entries else []
+                for first, entries in read
+            ]
 
         return self._retry("get_segments", snapshot_id, attempt)
 
@@ -160,17 +194,18 @@ class ObjectsMixin(RawStorage):
         self, snapshot_id: str, first: int, last: int
     ) -> tuple[Int64Array, Int64Array, Int64Array]:
         """See :meth:`SnapshotStorage.get_segment_arrays`."""
-        decoded = self._decoded_segments(snapshot_id, first, last)
-        if isinstance(decoded, SegmentList):
-            return decoded.times, decoded.ledgers, decoded.entries
+        return _columns(self._decoded_segments(snapshot_id, first, last))
+
+    def get_segment_runs(
+        self, snapshot_id: str, runs: Sequence[tuple[int, int]]
+    ) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """See :meth:`SnapshotStorage.get_segment_runs`."""
+        parts = [_columns(d) for d in self._decoded_runs(snapshot_id, runs)]
+        if len(parts) == 1:
+            return parts[0]
         empty = np.empty(0, dtype=np.int64)
-        parts = list(decoded)
-        if not parts:
-            return empty, empty.copy(), empty.copy()
-        return (
-            np.concatenate([s.times for s in parts]),
-            np.concatenate([s.ledgers for s in parts]),
-            np.concatenate([s.entries for s in parts]),
+        return tuple(  # type: ignore[return-value]
+            np.concatenate([p[i] for p in parts]) if parts else empty.copy() for i in range(3)
         )
 
     def length(self, snapshot_id: str) -> int:
@@ -189,3 +224,18 @@ class ObjectsMixin(RawStorage):
     def list_objects(self) -> list[ObjectInfo]:
         """See :meth:`SnapshotStorage.list_objects`."""
         return sorted(self._retry("list_objects", "*", lambda _: self._raw_list()))
+
+
+def _columns(decoded: Sequence[Segment]) -> tuple[Int64Array, Int64Array, Int64Array]:
+    """Decoded segments as three concatenated columns ``(times, ledgers, entries)``."""
+    if isinstance(decoded, SegmentList):
+        return decoded.times, decoded.ledgers, decoded.entries
+    empty = np.empty(0, dtype=np.int64)
+    parts = list(decoded)
+    if not parts:
+        return empty, empty.copy(), empty.copy()
+    return (
+        np.concatenate([s.times for s in parts]),
+        np.concatenate([s.ledgers for s in parts]),
+        np.concatenate([s.entries for s in parts]),
+    )

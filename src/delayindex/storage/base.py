@@ -142,6 +142,14 @@ class SnapshotStorage(Protocol):
         errors as :meth:`get_segments`, without a Python object per segment."""
         ...
 
+    def get_segment_runs(
+        self, snapshot_id: str, runs: Sequence[tuple[int, int]]
+    ) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """Several ranges ``(first, last)`` of segments in one call (one open of the object):
+        the concatenation of :meth:`get_segment_arrays` of each range, in the given order;
+        all ranges are validated before anything is read."""
+        ...
+
     def length(self, snapshot_id: str) -> int:
         """The stored size of the snapshot in bytes.
 
@@ -233,6 +241,7 @@ class BaseStorage(ObjectsMixin, ManifestsMixin):
             raise ValueError("metadata_cache_size must be >= 0")
         super().__init__()
         self._cache = OrderedDict()
+        self._headers = OrderedDict()
         self._cache_size = metadata_cache_size
         self._held: set[LockHandle] = set()
 

@@ -91,7 +91,7 @@ class ScheduleMixin:
                     if self._closed:
                         return _empty(), _no_counts(bins)
                     plan = self._plan(first, last, bins)
-                rows = [self._read(bucket, a, b) for bucket, a, b in plan.reads]
+                rows = [self._read(bucket, runs) for bucket, runs in plan.runs_per_bucket()]
                 with self._lock if not locked else nullcontext():
                     if self._closed:
                         return _empty(), _no_counts(bins)
@@ -168,10 +168,11 @@ class ScheduleMixin:
                 clean.add(bucket.sid)
         return clean
 
-    def _read(self, bucket: _Bucket, a: int, b: int) -> Keys:
-        """Segments ``a..b`` (1-based, inclusive) of ``bucket``, read from storage."""
+    def _read(self, bucket: _Bucket, runs: list[tuple[int, int]]) -> Keys:
+        """Runs of segments ``(a, b)`` (1-based, inclusive) of ``bucket``, read from storage
+        in one call."""
         assert bucket.snapshot_id is not None
-        times, ledgers, entries = self._storage.get_segment_arrays(bucket.snapshot_id, a, b)
+        times, ledgers, entries = self._storage.get_segment_runs(bucket.snapshot_id, runs)
         return times, ledgers, entries
 
 
@@ -182,6 +183,13 @@ class _Plan:
     whole: Int64Array
     reads: list[tuple[_Bucket, int, int]] = field(default_factory=list)
     signature: list[tuple[int, str | None, int, bool]] = field(default_factory=list)
+
+    def runs_per_bucket(self) -> list[tuple[_Bucket, list[tuple[int, int]]]]:
+        """The reads grouped by bucket (one storage call each), in plan order."""
+        grouped: dict[int, tuple[_Bucket, list[tuple[int, int]]]] = {}
+        for bucket, a, b in self.reads:
+            grouped.setdefault(bucket.sid, (bucket, []))[1].append((a, b))
+        return list(grouped.values())
 
 
 def _no_counts(bins: Int64Array | None) -> Int64Array:
