@@ -169,7 +169,7 @@ class ObjectsMixin(RawStorage):
             read: list[tuple[int, list[bytes]]] = []
             with self._raw_source(snapshot_id) as src:
                 header = self._header(src)
-                metadata = None
+                metadata: SnapshotMetadata | None = None
                 for first, last in runs:
                     stop = min(last, header.num_segments)
                     if first > stop:
@@ -179,7 +179,9 @@ class ObjectsMixin(RawStorage):
                         metadata = self._metadata(src, header)
                     read.append((first, self._read_entries(src, header, first, stop)))
             return [
-                decode_segments(entries, metadata, first, src.where) if entries else []
+                decode_segments(entries, metadata, first, src.where)
+                if entries and metadata is not None
+                else []
                 for first, entries in read
             ]
 
