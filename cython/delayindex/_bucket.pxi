@@ -127,6 +127,8 @@ cdef class BucketCore:
     cdef int64_t n_add_calls, n_added, n_duplicates, n_rejected, n_untracked_due
     cdef int64_t n_delivered, n_skipped, n_polls, n_direct, n_acked_on_add
     cdef int64_t n_cancelled, n_rescheduled, n_refused_cancelled
+    cdef int64_t lateness[LATENESS_BUCKETS]  # poll's delivery lateness counters
+    cdef int64_t lateness_ms
 
     def __cinit__(self, int64_t tick_ms, bint strict, int64_t fixed_delay_lookahead,
                   int64_t min_index_count_per_bucket):
@@ -913,7 +915,8 @@ cdef class BucketCore:
         by position.
         """
         cdef int64_t c_max = as_i64(max_n)
-        cdef int64_t cutoff = self.cutoff(as_i64(now))
+        cdef int64_t c_now = as_i64(now)
+        cdef int64_t cutoff = self.cutoff(c_now)
         cdef Triple* keys = NULL
         cdef Pos* buf = NULL
         cdef Py_ssize_t k, i
@@ -931,6 +934,7 @@ cdef class BucketCore:
             # position i is written only after key i, the last one it overlaps, was read).
             buf = <Pos*> keys
             for i in range(k):
+                record_lateness(self.lateness, &self.lateness_ms, c_now - keys[i].time)
                 ledger = keys[i].ledger
                 entry = keys[i].entry
                 buf[i].ledger = ledger
@@ -1061,6 +1065,8 @@ cdef class BucketCore:
             "delivered": self.n_delivered,
             "skipped_on_pop": self.n_skipped,
             "polls": self.n_polls,
+            "lateness": lateness_list(self.lateness),
+            "lateness_ms": self.lateness_ms,
             "direct_adds": self.n_direct,
             "acked_on_add": self.n_acked_on_add,
             "cancelled": self.n_cancelled,

@@ -71,6 +71,8 @@ cdef class TrackerCore:
     cdef int64_t n_delivered, n_stale_skipped, n_polls
     cdef int64_t n_cancelled, n_rescheduled, n_refused_cancelled
     cdef int64_t delivered_since_sweep
+    cdef int64_t lateness[LATENESS_BUCKETS]  # poll's delivery lateness counters
+    cdef int64_t lateness_ms
 
     def __cinit__(self, int64_t tick_ms, bint strict, int64_t fixed_delay_lookahead):
         if tick_ms < 0:
@@ -277,7 +279,8 @@ cdef class TrackerCore:
         Returns them as a list of ``Position`` sorted by position.
         """
         cdef int64_t c_max = as_i64(max_n)
-        cdef int64_t cutoff = self.cutoff(as_i64(now))
+        cdef int64_t c_now = as_i64(now)
+        cdef int64_t cutoff = self.cutoff(c_now)
         cdef Pos* buf = NULL
         cdef Pos* grown
         cdef Py_ssize_t k = 0, room = 0, i
@@ -306,6 +309,7 @@ cdef class TrackerCore:
                     continue
                 bm = self.bitmap(top.ledger, False)
                 bm.discard(top.entry)
+                record_lateness(self.lateness, &self.lateness_ms, c_now - top.time)
                 buf[k].ledger = top.ledger
                 buf[k].entry = top.entry
                 k += 1
@@ -539,6 +543,8 @@ cdef class TrackerCore:
             "delivered": self.n_delivered,
             "stale_skipped": self.n_stale_skipped,
             "polls": self.n_polls,
+            "lateness": lateness_list(self.lateness),
+            "lateness_ms": self.lateness_ms,
             "cancelled": self.n_cancelled,
             "rescheduled": self.n_rescheduled,
             "refused_cancelled": self.n_refused_cancelled,

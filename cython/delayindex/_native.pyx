@@ -141,6 +141,33 @@ cdef extern from *:
     object di_make_pair(object type, object first, long long second)
     tuple di_int_triple(long long a, long long b, long long c)
 
+# Delivery lateness counters (the rule: delayindex._lateness.bucket_of).
+DEF LATENESS_BUCKETS = 20
+
+cdef extern from *:
+    """
+    /* Counter of a lateness in ms: 0 for <= 0, else bit_length(late - 1) + 1, capped. */
+    static inline int di_lateness_bucket(long long late) {
+        int k;
+        if (late <= 0) return 0;
+        if (late == 1) return 1;
+        k = 65 - __builtin_clzll((unsigned long long) (late - 1));
+        return k > 19 ? 19 : k;
+    }
+    """
+    int di_lateness_bucket(long long late) nogil
+
+
+cdef inline void record_lateness(int64_t* counts, int64_t* total, int64_t late) noexcept:
+    counts[di_lateness_bucket(late)] += 1
+    if late > 0:
+        total[0] += late
+
+
+cdef list lateness_list(int64_t* counts):
+    return [counts[i] for i in range(LATENESS_BUCKETS)]
+
+
 from operator import index as _index
 
 import sys

@@ -39,6 +39,8 @@ import numpy.typing as npt
 from pyroaring import BitMap
 from sortedcontainers import SortedDict
 
+from delayindex._lateness import BUCKETS as LATENESS_BUCKETS
+from delayindex._lateness import bucket_of as lateness_bucket
 from delayindex._pure._bucket_overrides import BucketOverrides
 from delayindex._pure._bucket_queries import BucketQueries
 from delayindex._pure._ints import as_i64, check_ids
@@ -157,6 +159,8 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
              "cancelled", "rescheduled", "refused_cancelled"),
             0,
         )  # fmt: skip
+        self._lateness = [0] * LATENESS_BUCKETS  # poll's delivery lateness counters
+        self._lateness_ms = 0
 
     # -- time -------------------------------------------------------------------------------
 
@@ -568,7 +572,13 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
         Stops early at a due placeholder and sets :attr:`load_needed` to its source. Returns
         the positions sorted by position.
         """
-        return sorted(Position(ledger, entry) for _, ledger, entry in self._take_due(max_n, now))
+        keys = self._take_due(max_n, now)
+        for time, _, _ in keys:
+            late = now - time
+            self._lateness[lateness_bucket(late)] += 1
+            if late > 0:
+                self._lateness_ms += late
+        return sorted(Position(ledger, entry) for _, ledger, entry in keys)
 
     def poll_keys(self, max_n: int, now: int) -> tuple[Int64Array, Int64Array, Int64Array]:
         """As :meth:`poll`, but return ``(times, ledgers, entries)`` int64 arrays in selection
@@ -649,6 +659,8 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
             "shadowed": len(self._shadow),
             "ledgers": self._index.num_ledgers,
             **self._n,
+            "lateness": list(self._lateness),
+            "lateness_ms": self._lateness_ms,
             **self._override_counters(),
             "fixed_delay": self._fixed_delay,
             "highest_deliver_at": self._highest,

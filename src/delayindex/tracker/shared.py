@@ -46,6 +46,9 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from delayindex import _impl
+from delayindex._lateness import BUCKETS as LATENESS_BUCKETS
+from delayindex._lateness import add_lateness
+from delayindex._lateness import bucket_of as lateness_bucket
 from delayindex.clock import Clock
 from delayindex.config import TrackerConfig
 from delayindex.errors import TrackerClosedError
@@ -82,6 +85,7 @@ class SharedDelayIndex(SharedOverridesMixin):
         self._lock = threading.RLock()
         self._closed = False
         self._last_batch: tuple[int, list[Position]] | None = None
+        self._last_lateness: tuple[int, int, int, Int64Array, int] | None = None
 
     @classmethod
     def open(
@@ -279,7 +283,8 @@ class SharedDelayIndex(SharedOverridesMixin):
     def _poll(self, state: _SubState, max_messages: int) -> list[Position]:
         parts: list[list[Position]] = []
         got = 0
-        cutoff = self._topic._core.cutoff_for(self._topic._now())
+        now = self._topic._now()
+        cutoff = self._topic._core.cutoff_for(now)
         while got < max_messages:
             if state.private and state.private[0][0] <= cutoff:
                 head = state.private[0]
@@ -288,6 +293,9 @@ class SharedDelayIndex(SharedOverridesMixin):
                 if state.seq >= self._log.end or head < self._log.key_at(state.seq):
                     heapq.heappop(state.private)
                     self._unpin((head[1], head[2]))
+                    late = now - head[0]
+                    state.lateness[lateness_bucket(late)] += 1
+                    state.lateness_ms += max(late, 0)
                     parts.append([Position(head[1], head[2])])
                     got += 1
                     continue
@@ -296,7 +304,7 @@ class SharedDelayIndex(SharedOverridesMixin):
                 limit = max_messages - got
             if state.seq >= self._log.end and not self._pull(limit):
                 break
-            seq, _, ledgers, entries = self._log.slice(state.seq, limit)
+            seq, times, ledgers, entries = self._log.slice(state.seq, limit)
             state.seq = seq + len(ledgers)
             keep = self._unacked(state, ledgers, entries)
             if state.skip:
@@ -308,8 +316,10 @@ class SharedDelayIndex(SharedOverridesMixin):
             n = int(np.count_nonzero(keep))
             if n == len(keep):
                 parts.append(self._batch(seq, ledgers, entries))
+                self._note_lateness(state, now, seq, times)
             elif n:
                 parts.append(_positions(ledgers[keep], entries[keep]))
+                state.lateness_ms += add_lateness(state.lateness, now, times[keep])
             got += n
         state.received += got
         self._after_progress()
@@ -318,6 +328,17 @@ class SharedDelayIndex(SharedOverridesMixin):
         out = [pos for part in parts for pos in part]
         out.sort()
         return out
+
+    def _note_lateness(self, state: _SubState, now: int, seq: int, times: Int64Array) -> None:
+        """Count a whole log slice's lateness for ``state``; counted once for the
+        subscriptions that read the same slice at the same ``now`` (as :meth:`_batch`)."""
+        cached = self._last_lateness
+        if cached is None or cached[:3] != (seq, len(times), now):
+            counts = np.zeros(LATENESS_BUCKETS, dtype=np.int64)
+            total = add_lateness(counts, now, times)
+            cached = self._last_lateness = (seq, len(times), now, counts, total)
+        state.lateness += cached[3]
+        state.lateness_ms += cached[4]
 
     def _batch(self, seq: int, ledgers: Int64Array, entries: Int64Array) -> list[Position]:
         """The sorted positions of the whole log slice at ``seq``, built once for the
@@ -546,6 +567,8 @@ class SharedDelayIndex(SharedOverridesMixin):
                     "lag": self._log.end - state.seq,
                     "mark_delete": state.mark,
                     "received": state.received,
+                    "lateness": state.lateness.tolist(),
+                    "lateness_ms": state.lateness_ms,
                 }
                 for name, state in sorted(self._subs.items())
             }
