@@ -52,7 +52,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -88,6 +90,7 @@ _BENCH_GROUPS = pytest.StashKey[list[dict[str, Any]]]()
 _DESELECTED = pytest.StashKey[int]()
 _WATCH = pytest.StashKey[PeakMemoryWatch]()
 _PEAK = pytest.StashKey["PeakMemory | None"]()
+_SCRAPER = pytest.StashKey["MetricsScraper"]()
 #: The machine's memory, which the whole run (the full tier at 1e7 included) must stay within.
 MACHINE_MEMORY_BYTES = 24 * 2**30
 
@@ -102,6 +105,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=sorted(TIERS),
         help="quick: sizes 1e5 (memory 1e5, 1e6), Spark left out; full: sizes 1e5, 1e6, 1e7 "
         f"and every group (default: {DEFAULT_TIER})",
+    )
+    parser.addoption(
+        "--bench-metrics",
+        action="store_true",
+        help="run with delayindex.metrics registered and its HTTP exporter scraped every "
+        "second from a background thread (as a Prometheus server would, more often)",
     )
     parser.addoption(
         "--bench-sizes",
@@ -123,6 +132,44 @@ def pytest_configure(config: pytest.Config) -> None:
         # made the heapq reference itself vary 1.6x between clean reruns.
         config.option.benchmark_disable_gc = True
     config.stash[_WATCH] = PeakMemoryWatch().start()
+    if config.getoption("--bench-metrics"):
+        config.stash[_SCRAPER] = MetricsScraper().start()
+
+
+class MetricsScraper:
+    """delayindex.metrics on the default registry, its exporter on a loopback port, and a
+    thread scraping it every ``period_s`` seconds (counting scrapes and their failures)."""
+
+    def __init__(self, period_s: float = 1.0) -> None:
+        self.period_s, self.scrapes, self.failures = period_s, 0, 0
+        self._stop = threading.Event()
+
+    def start(self) -> MetricsScraper:
+        from prometheus_client import start_http_server
+
+        import delayindex.metrics
+
+        delayindex.metrics.register()
+        self._server, _ = start_http_server(0, addr="127.0.0.1")
+        self._thread = threading.Thread(target=self._run, name="bench-scraper", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        url = f"http://127.0.0.1:{self._server.server_port}/metrics"
+        while not self._stop.wait(self.period_s):
+            try:
+                with urllib.request.urlopen(url, timeout=10) as response:
+                    response.read()
+                self.scrapes += 1
+            except OSError:
+                self.failures += 1
+
+    def stop(self) -> str:
+        self._stop.set()
+        self._thread.join(10)
+        self._server.shutdown()
+        return f"metrics: {self.scrapes} scrapes of the exporter, {self.failures} failed"
 
 
 def _peak_memory(config: pytest.Config) -> PeakMemory | None:
@@ -675,3 +722,6 @@ def pytest_terminal_summary(
         terminalreporter.write_line(
             f"{SLOWDOWN_ENV}={os.environ[SLOWDOWN_ENV]}: injected slowdown, not a real run"
         )
+    scraper = config.stash.get(_SCRAPER, None)
+    if scraper is not None:
+        terminalreporter.write_line(scraper.stop())

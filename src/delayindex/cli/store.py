@@ -56,6 +56,7 @@ from delayindex.cli.schedule import (
     schedule_json,
     write_plot,
 )
+from delayindex.cli.watch import Render, add_watch, run_watch
 
 if TYPE_CHECKING:
     from delayindex.garbage import GcReport, Orphan
@@ -110,6 +111,7 @@ def register(sub: Any) -> None:
         help="also write the --schedule histogram as a PNG (one name; implies --schedule; "
         "needs matplotlib: the plot extra)",
     )  # fmt: skip
+    add_watch(inspect)
     inspect.set_defaults(func=handler(_inspect, STORE_ERRORS))
 
     gc = sub.add_parser(
@@ -391,6 +393,23 @@ def _read_schedules(args: argparse.Namespace, storage: FileStorage, info: StoreI
 
 
 def _inspect(args: argparse.Namespace, console: Console) -> int:
+    if args.watch is not None:
+        if args.plot is not None:
+            raise _UsageError("--plot writes one picture: not with --watch")
+        return run_watch(args, console, lambda: _inspect_once(args))
+    if args.metrics_url is not None:
+        raise _UsageError("--metrics-url goes with --watch")
+    code, payload, render = _inspect_once(args)
+    if args.json:
+        _print_json(console, payload)
+    else:
+        render(console)
+    return code
+
+
+def _inspect_once(args: argparse.Namespace) -> tuple[int, dict[str, Any], Render]:
+    """Read the store once: the exit code, the JSON report and a function printing the
+    human one (writes the --plot picture)."""
     from delayindex.storeinfo import inspect_store
 
     storage = _open_store(args.store)
@@ -407,19 +426,19 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
         ((name, (_, edges, counts)),) = schedules.items()
         total = 0 if counts is None else int(counts.sum())
         write_plot(args.plot, f"{args.store} / {name}: {total:,} pending (UTC)", edges, counts)
-    if args.json:
-        payload = _inspect_json(info, args.store, code)
-        for item in payload["names"]:
-            if item["name"] in schedules:
-                item["schedule"] = schedule_json(*schedules[item["name"]])
-        if args.plot is not None:
-            payload["plot"] = str(args.plot)
-        _print_json(console, payload)
-    else:
+    payload = _inspect_json(info, args.store, code)
+    for item in payload["names"]:
+        if item["name"] in schedules:
+            item["schedule"] = schedule_json(*schedules[item["name"]])
+    if args.plot is not None:
+        payload["plot"] = str(args.plot)
+
+    def render(console: Console) -> None:
         _inspect_human(console, info, args.store, schedules)
         if args.plot is not None and schedules:
             console.print(f"wrote {escape(str(args.plot))}", soft_wrap=True)
-    return code
+
+    return code, payload, render
 
 
 # -- gc -------------------------------------------------------------------------------------------

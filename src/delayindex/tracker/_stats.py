@@ -4,6 +4,7 @@ check (``_check``, which tests call)."""
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from collections.abc import Callable
@@ -18,17 +19,21 @@ from delayindex.timers import ArmingRule
 from delayindex.tracker._bucket import BucketInfo, _Bucket, _PendingCreate
 from delayindex.tracker._damage import ProblemLog
 
+#: Upper bounds (ms, inclusive) of the storage-operation latency buckets; a last one is +Inf.
+OP_LATENCY_BOUNDS_MS = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
+
 
 class _OpStats:
-    """Counts and latencies of one kind of storage operation."""
+    """Counts and latencies of one kind of storage operation (with a latency histogram)."""
 
-    __slots__ = ("failed", "max_ms", "succeeded", "total_ms")
+    __slots__ = ("buckets", "failed", "max_ms", "succeeded", "total_ms")
 
     def __init__(self) -> None:
         self.succeeded = 0
         self.failed = 0
         self.total_ms = 0.0
         self.max_ms = 0.0
+        self.buckets = [0] * (len(OP_LATENCY_BOUNDS_MS) + 1)
 
     def record(self, ok: bool, started: float) -> None:
         elapsed = (time.perf_counter() - started) * 1000.0
@@ -38,14 +43,17 @@ class _OpStats:
             self.failed += 1
         self.total_ms += elapsed
         self.max_ms = max(self.max_ms, elapsed)
+        self.buckets[bisect.bisect_left(OP_LATENCY_BOUNDS_MS, elapsed)] += 1
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, Any]:
         n = self.succeeded + self.failed
         return {
             "succeeded": self.succeeded,
             "failed": self.failed,
             "mean_ms": self.total_ms / n if n else 0.0,
             "max_ms": self.max_ms,
+            "total_ms": self.total_ms,
+            "latency_buckets": list(self.buckets),
         }
 
 

@@ -75,7 +75,7 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
-from delayindex import _impl
+from delayindex import _impl, _registry
 from delayindex._memory import release_free_memory
 from delayindex.clock import Clock
 from delayindex.config import TrackerConfig
@@ -263,6 +263,7 @@ class DelayIndex(
             catalog.close()
             raise
         index._submit_queued()
+        _registry.enroll(index)
         return index
 
     # -- small helpers --------------------------------------------------------------------------
@@ -642,6 +643,7 @@ class DelayIndex(
             if self._closed:
                 return
             self._closed = True
+            _registry.withdraw(self)
             if self._arming is not None:
                 self._arming.cancel()
         self._shutdown_executor()

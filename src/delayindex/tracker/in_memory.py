@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from delayindex import _impl
+from delayindex import _impl, _registry
 from delayindex._browse import histogram_edges, select_pending, time_range
 from delayindex._ints import int64_array
 from delayindex.clock import Clock
@@ -77,6 +77,7 @@ class InMemoryTracker(TrackerFront):
         self._arming = ArmingRule(timer, self._on_timer) if timer is not None else None
         self._on_ready = on_ready
         self._closed = False
+        _registry.enroll(self)
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -315,6 +316,7 @@ class InMemoryTracker(TrackerFront):
             if self._closed:
                 return
             self._closed = True
+            _registry.withdraw(self)
             if self._arming is not None:
                 self._arming.cancel()
             self._core.clear()

@@ -45,7 +45,7 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
-from delayindex import _impl
+from delayindex import _impl, _registry
 from delayindex._lateness import BUCKETS as LATENESS_BUCKETS
 from delayindex._lateness import add_lateness
 from delayindex._lateness import bucket_of as lateness_bucket
@@ -118,6 +118,8 @@ class SharedDelayIndex(SharedOverridesMixin):
         # A commit may have landed between a subscription's new mark and the topic's: the
         # topic's mark moves up to the lowest subscription mark again.
         shared._after_progress()
+        _registry.withdraw(topic)  # the shared index reports its topic index itself
+        _registry.enroll(shared)
         return shared
 
     # -- subscriptions ---------------------------------------------------------------------------
@@ -536,8 +538,14 @@ class SharedDelayIndex(SharedOverridesMixin):
             if self._closed:
                 return
             self._closed = True
+            _registry.withdraw(self)
             self._log.close()
         self._topic.close()
+
+    @property
+    def name(self) -> str:
+        """The index name in its storage."""
+        return self._topic.name
 
     @property
     def closed(self) -> bool:
@@ -556,9 +564,11 @@ class SharedDelayIndex(SharedOverridesMixin):
         self.close()
 
     def stats(self) -> dict[str, Any]:
-        """The topic index's :meth:`DelayIndex.stats`, plus ``subscriptions`` (per name:
-        ``backlog``, ``lag`` in due-log keys, ``mark_delete``, ``received``), ``due_log``
-        (keys held) and ``due_log_bytes``."""
+        """The topic index's :meth:`DelayIndex.stats`, plus ``delayed`` (``len(self)``: what
+        some subscription has still to receive; ``tracked`` is the topic index's alone),
+        ``subscriptions`` (per name: ``backlog``, ``lag`` in due-log keys, ``mark_delete``,
+        ``received``, delivery ``lateness`` counters and ``lateness_ms``), ``due_log`` (keys
+        held) and ``due_log_bytes``."""
         with self._lock:
             out = self._topic.stats()
             out["subscriptions"] = {
@@ -572,6 +582,9 @@ class SharedDelayIndex(SharedOverridesMixin):
                 }
                 for name, state in sorted(self._subs.items())
             }
+            # Positions some subscription has still to receive (len(self)); "tracked" is
+            # the topic index's alone.
+            out["delayed"] = len(self)
             out["due_log"] = len(self._log)
             out["due_log_spilled"] = self._log.spilled_keys
             out["due_log_bytes"] = self._log.nbytes
