@@ -60,6 +60,8 @@ from delayindex.model import (
 from delayindex.policy import bucket_is_full
 
 Int64Array = npt.NDArray[np.int64]
+#: add_many converts this many elements to Python ints at a time.
+_ADD_CHUNK = 1 << 14
 #: ``add`` result codes (``ACKED``: at or below the mark-delete, dropped; do not deliver).
 DELIVER, TRACKED, DUPLICATE, SEAL_FIRST, ACKED = (
     ADD_DELIVER, ADD_TRACKED, ADD_DUPLICATE, ADD_SEAL_FIRST, ADD_ACKED,
@@ -354,13 +356,17 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
                     f"element {i}: bad position ({ls[i]}, {es[i]}); need "
                     f"ledger_id >= 0 and 0 <= entry_id < 2**32"
                 )
-        lsl, esl, tsl = ls.tolist(), es.tolist(), ts.tolist()
-        for i in range(start, len(lsl)):
-            code = self._add(lsl[i], esl[i], tsl[i], cutoff)
-            if code == SEAL_FIRST:
-                return i
-            out[i] = code != DELIVER
-        return len(lsl)
+        # Converted to Python ints a chunk at a time: a seal returns mid-batch and the front
+        # calls again from there, so converting everything each time would be quadratic.
+        for low in range(start, len(ls), _ADD_CHUNK):
+            high = min(low + _ADD_CHUNK, len(ls))
+            lsl, esl, tsl = ls[low:high].tolist(), es[low:high].tolist(), ts[low:high].tolist()
+            for j in range(high - low):
+                code = self._add(lsl[j], esl[j], tsl[j], cutoff)
+                if code == SEAL_FIRST:
+                    return low + j
+                out[low + j] = code != DELIVER
+        return len(ls)
 
     # -- seal -------------------------------------------------------------------------------
 
