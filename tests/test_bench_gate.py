@@ -1,16 +1,18 @@
 """Tests of the benchmark regression gate (``benchmarks/gate.py``) and of the suite's slowdown
 parser, on small synthetic pytest-benchmark JSON files (no benchmark runs here).
 
-The gate compares each record's ratio to its group's heapq row (same run) with the stored
-baseline's ratio; these tests pin that: a uniformly slower machine passes, one structure getting
-slower than the tolerance fails and is listed, memory groups compare bytes per message, and new,
-missing or unreferenced records are reported without failing. The committed quick-tier baseline
-is checked to be gateable as a whole.
+The gate compares each record's own figure with the stored baseline's, divided by the machine
+factor (the median change of every time record); it fails when a structure's geometric mean
+change passes ``--tolerance`` or one record's change passes ``--row-tolerance``. These tests pin
+that: a uniformly slower machine passes, a structure 1.3x slower fails even though no single
+record passes the row tolerance, one record 2x slower fails alone, a slower baseline structure
+(heapq) is never gated, memory groups compare bytes per message, noise in one run of several
+passes, and new or missing records are reported without failing. The committed quick-tier
+baseline is checked to be gateable as a whole.
 """
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 import subprocess
@@ -37,6 +39,9 @@ def _load(name: str) -> ModuleType:
 
 gate = _load("gate")
 
+KINDS = ("heapq", "delay_index", "in_memory")
+GROUPS = ("add", "poll", "contains", "tracked", "cancel", "reopen")
+
 
 def _record(group: str, name: str, kind: str, seconds: float, **info: Any) -> dict[str, Any]:
     return {
@@ -47,19 +52,24 @@ def _record(group: str, name: str, kind: str, seconds: float, **info: Any) -> di
     }
 
 
-def _run(scale: float = 1.0, **slower: float) -> dict[str, Any]:
-    """A run: two time groups and a memory group; ``slower[name]`` multiplies one row's time."""
+def _run(
+    scale: float = 1.0, kinds: dict[str, float] | None = None, **slower: float
+) -> dict[str, Any]:
+    """A run: six time groups of three structures and a memory group. ``scale`` multiplies
+    every time (the machine), ``kinds[kind]`` every time of a structure, ``slower[name]`` one
+    record's time."""
     rows = [
-        _record("tracker-add-1e5", "add[heapq]", "heapq", 0.080),
-        _record("tracker-add-1e5", "add[delay_index]", "delay_index", 0.050),
-        _record("tracker-add-1e5", "add[in_memory]", "in_memory", 0.055),
-        _record("tracker-poll-1e5", "poll[heapq]", "heapq", 0.200),
-        _record("tracker-poll-1e5", "poll[delay_index]", "delay_index", 0.025),
-        _record("memory-1e5", "mem[heapq]", "heapq", 0.40, rss_bytes_per_msg=230.0),
-        _record("memory-1e5", "mem[delay_index]", "delay_index", 0.30, rss_bytes_per_msg=22.0),
+        _record(f"tracker-{g}-1e5", f"{g}[{k}]", k, 0.01 * (i + 1) * (j + 2))
+        for i, g in enumerate(GROUPS)
+        for j, k in enumerate(KINDS)
     ]
+    rows.append(_record("memory-1e5", "mem[heapq]", "heapq", 0.40, rss_bytes_per_msg=230.0))
+    rows.append(
+        _record("memory-1e5", "mem[delay_index]", "delay_index", 0.30, rss_bytes_per_msg=22.0)
+    )
     for row in rows:
-        row["stats"]["min"] *= scale * slower.get(row["name"], 1.0)
+        kind = row["extra_info"]["kind"]
+        row["stats"]["min"] *= scale * (kinds or {}).get(kind, 1.0) * slower.get(row["name"], 1.0)
     return {"machine_info": {"node": "test"}, "benchmarks": rows}
 
 
@@ -75,8 +85,9 @@ def _gate(tmp_path: Path, run: dict[str, Any], baseline: dict[str, Any], *extra:
 
 
 def test_ratios_are_relative_to_the_groups_heapq_row() -> None:
+    """What ``delayindex bench`` shows (not what the gate gates)."""
     ratios = gate.ratios(_run()["benchmarks"])
-    assert ratios[("tracker-add-1e5", "add[delay_index]")].ratio == pytest.approx(0.050 / 0.080)
+    assert ratios[("tracker-add-1e5", "add[delay_index]")].ratio == pytest.approx(3 / 2)
     assert ratios[("tracker-add-1e5", "add[heapq]")].ratio == pytest.approx(1.0)
     memory = ratios[("memory-1e5", "mem[delay_index]")]
     assert memory.metric == "bytes/msg" and memory.ratio == pytest.approx(22.0 / 230.0)
@@ -86,52 +97,58 @@ def test_uniformly_slower_machine_passes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert _gate(tmp_path, _run(scale=3.0), _run()) == 0
-    assert "OK: 7 benchmarks within 25%" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "machine factor 3.000" in out and "OK: 13 benchmarks" in out
 
 
-def test_one_structure_slower_than_tolerance_fails_and_is_listed(
+def test_a_structure_slower_than_tolerance_fails_though_no_record_does(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run = _run(**{"add[delay_index]": 1.5})
+    run = _run(scale=1.7, kinds={"delay_index": 1.3})
     assert _gate(tmp_path, run, _run()) == 1
     out = capsys.readouterr().out
-    assert "REGRESSION: 1 of 7" in out
-    assert "tracker-add-1e5: delay_index row [add[delay_index]]" in out and "(+50%)" in out
-    assert "poll[delay_index]" not in out.split("REGRESSION")[1]
+    assert "REGRESSION: 1 structure(s)" in out and "delay_index: x1.30 over 6 benchmarks" in out
+    assert "benchmarks are more than" not in out  # no single record past 50 %
+    assert _gate(tmp_path, _run(kinds={"delay_index": 1.1}), _run()) == 0
+    assert _gate(tmp_path, _run(kinds={"delay_index": 1.1}), _run(), "--tolerance", "0.05") == 1
 
 
-def test_slowdown_within_tolerance_passes_and_tolerance_is_an_option(tmp_path: Path) -> None:
-    run = _run(**{"add[delay_index]": 1.2})
-    assert _gate(tmp_path, run, _run()) == 0
-    assert _gate(tmp_path, run, _run(), "--tolerance", "0.1") == 1
+def test_one_record_far_slower_fails_and_is_listed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _gate(tmp_path, _run(**{"poll[in_memory]": 2.0}), _run()) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSION: 1 of 13 benchmarks are more than 50% worse" in out
+    assert "tracker-poll-1e5: in_memory row [poll[in_memory]]: time x2.00" in out
+    assert _gate(tmp_path, _run(**{"poll[in_memory]": 1.4}), _run()) == 0  # within 50 %, and
+    # the structure's mean (1.4 ** (1/6)) within 15 %
+    assert _gate(tmp_path, _run(**{"poll[in_memory]": 1.4}), _run(), "--row-tolerance",
+                 "0.2") == 1  # fmt: skip
 
 
-def test_a_slower_heapq_row_makes_the_others_look_better_not_worse(tmp_path: Path) -> None:
-    assert _gate(tmp_path, _run(**{"add[heapq]": 2.0}), _run()) == 0
+def test_the_baselines_are_never_gated(tmp_path: Path) -> None:
+    assert _gate(tmp_path, _run(kinds={"heapq": 2.0}), _run()) == 0
+    assert _gate(tmp_path, _run(kinds={"heapq": 0.5}), _run()) == 0
 
 
 def test_memory_groups_compare_bytes_not_time(tmp_path: Path) -> None:
     slow_probe = _run(**{"mem[delay_index]": 10.0})  # the probe's wall time is not gated
     assert _gate(tmp_path, slow_probe, _run()) == 0
     fatter = _run()
-    fatter["benchmarks"][6]["extra_info"]["rss_bytes_per_msg"] = 30.0
+    fatter["benchmarks"][-1]["extra_info"]["rss_bytes_per_msg"] = 40.0  # x1.8: one record
     assert _gate(tmp_path, fatter, _run()) == 1
 
 
-def test_new_missing_and_unreferenced_are_reported_not_failed(
+def test_new_and_missing_are_reported_not_failed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = _run()
     run["benchmarks"].pop(2)  # add[in_memory] missing
-    run["benchmarks"].append(_record("tracker-add-1e5", "add[sortedlist]", "sortedlist", 0.2))
     run["benchmarks"].append(_record("seal-burst", "burst[a]", "delay_index", 0.3))
-    baseline = _run()
-    baseline["benchmarks"].append(_record("seal-burst", "burst[a]", "delay_index", 0.3))
-    assert _gate(tmp_path, run, baseline) == 0
+    assert _gate(tmp_path, run, _run()) == 0
     out = capsys.readouterr().out
-    assert "new, not in the baseline (1" in out and "add[sortedlist]" in out
+    assert "new, not in the baseline (1" in out and "burst[a]" in out
     assert "in the baseline but not in this run (1" in out and "add[in_memory]" in out
-    assert "without a single heapq row (not gated): seal-burst" in out
 
 
 @pytest.mark.parametrize(
@@ -149,8 +166,9 @@ def test_unreadable_input_exits_2(
     assert "gate: " in capsys.readouterr().err
 
 
-def test_negative_tolerance_is_refused(tmp_path: Path) -> None:
+def test_negative_tolerances_are_refused(tmp_path: Path) -> None:
     assert _gate(tmp_path, _run(), _run(), "--tolerance", "-0.1") == 2
+    assert _gate(tmp_path, _run(), _run(), "--row-tolerance", "-0.1") == 2
 
 
 def test_write_baseline_keeps_what_the_gate_reads(tmp_path: Path) -> None:
@@ -163,31 +181,32 @@ def test_write_baseline_keeps_what_the_gate_reads(tmp_path: Path) -> None:
     data = json.loads(reduced.read_text(encoding="utf-8"))
     assert "data" not in data["benchmarks"][1]["stats"]
     assert "phases" not in data["benchmarks"][1]["extra_info"]
-    assert gate.ratios(gate.load_records(reduced)) == gate.ratios(copy.deepcopy(full)["benchmarks"])
+    assert gate.figures(gate.load_records(reduced)) == gate.figures(full["benchmarks"])
     slower = _write(tmp_path / "slow.json", _run(**{"poll[delay_index]": 2.0}))
     assert gate.main([str(slower), "--baseline", str(reduced)]) == 1
 
 
 def test_the_stored_quick_baseline_gates_every_group() -> None:
-    baseline = gate.load_records(gate.DEFAULT_BASELINE)
-    ratios = gate.ratios(baseline)
-    assert ratios, "benchmarks/baseline-quick.json holds no records"
-    unreferenced = sorted({r.group for r in ratios.values() if r.ratio is None})
-    assert unreferenced == []
-    groups = {r.group.rsplit("-", 1)[0] for r in ratios.values()}
+    records = gate.load_records(gate.DEFAULT_BASELINE)
+    stored = gate.figures(records)
+    assert stored, "benchmarks/baseline-quick.json holds no records"
+    groups = {r.group.rsplit("-", 1)[0] for r in stored.values()}
     expected = {"tracker-add", "tracker-add-many", "tracker-poll", "tracker-contains",
                 "tracker-tracked-entries", "heap-push-pop", "heap-batch", "memory", "reopen",
                 "seal-latency", "seal-burst"}  # fmt: skip
     assert expected <= groups
-    kinds = {r["extra_info"]["kind"] for r in baseline}
-    assert {"heapq", "sortedlist", "in_memory", "in_memory-pure", "delay_index-pure"} <= kinds
-    verdict = gate.compare(ratios, ratios, gate.DEFAULT_TOLERANCE)
-    assert verdict.ok and verdict.compared == len(ratios)
+    kinds = {r["extra_info"]["kind"] for r in records}
+    assert {"heapq", "sortedlist", "in_memory", "in_memory-pure", "delay_index",
+            "delay_index-pure"} <= kinds  # fmt: skip
+    same = gate.changes(stored, stored, gate._kind(records))
+    verdict = gate.compare(same, stored, stored, gate.DEFAULT_TOLERANCE)
+    ours = [r for r in records if r["extra_info"]["kind"] not in gate.REFERENCE_KINDS]
+    assert verdict.ok and verdict.compared == len(ours)
 
 
 def test_gate_runs_as_a_script(tmp_path: Path) -> None:
     base = _write(tmp_path / "base.json", _run())
-    slow = _write(tmp_path / "slow.json", _run(**{"add[in_memory]": 2.0}))
+    slow = _write(tmp_path / "slow.json", _run(kinds={"in_memory": 1.3}))
     done = subprocess.run(
         [sys.executable, str(BENCH_DIR / "gate.py"), str(slow), "--baseline", str(base)],
         capture_output=True,
@@ -195,7 +214,34 @@ def test_gate_runs_as_a_script(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 1, done.stderr
-    assert "REGRESSION" in done.stdout and "add[in_memory]" in done.stdout
+    assert "REGRESSION" in done.stdout and "in_memory: x1.30" in done.stdout
+
+
+def test_several_runs_gate_each_record_on_its_best_change(tmp_path: Path) -> None:
+    """Noise in one run (a different record each time) passes; a slowdown in every run fails."""
+    base = _write(tmp_path / "base.json", _run())
+    noisy_a = _write(tmp_path / "a.json", _run(**{"add[delay_index]": 2.0}))
+    noisy_b = _write(tmp_path / "b.json", _run(**{"poll[delay_index]": 2.0}))
+    assert gate.main([str(noisy_a), "--baseline", str(base)]) == 1  # one run alone: noise fails
+    assert gate.main([str(noisy_a), str(noisy_b), "--baseline", str(base)]) == 0
+    slow_a = _write(tmp_path / "sa.json", _run(kinds={"delay_index": 1.3}))
+    slow_b = _write(tmp_path / "sb.json", _run(scale=2.0, kinds={"delay_index": 1.35}))
+    assert gate.main([str(slow_a), str(slow_b), "--baseline", str(base)]) == 1
+
+
+def test_baseline_from_several_runs_stores_speed_normalized_medians(tmp_path: Path) -> None:
+    runs = [
+        _write(tmp_path / f"r{i}.json", _run(scale=scale, **{"add[delay_index]": factor}))
+        for i, (scale, factor) in enumerate([(1.0, 1.0), (2.0, 1.4), (0.5, 3.0)])
+    ]
+    out = tmp_path / "base.json"
+    assert gate.main([*map(str, runs), "--write-baseline", str(out)]) == 0
+    stored = gate.figures(gate.load_records(out))
+    # Each run scaled back to the first run's speed: 0.03 x (1.0, 1.4, 3.0) -> median 1.4.
+    assert stored[("tracker-add-1e5", "add[delay_index]")].value == pytest.approx(0.03 * 1.4)
+    assert stored[("tracker-poll-1e5", "poll[delay_index]")].value == pytest.approx(0.06)
+    assert stored[("memory-1e5", "mem[delay_index]")].value == pytest.approx(22.0)
+    assert "median figures of 3 runs" in json.loads(out.read_text(encoding="utf-8"))["note"]
 
 
 # -- the suite's slowdown hook ------------------------------------------------------------------
@@ -229,30 +275,3 @@ def test_slowed_is_the_function_itself_without_injection(
     wrapped = support.slowed("heapq", len)
     assert wrapped is not len and wrapped([1, 2]) == 2
     assert support.slowed("delay_index", len) is len
-
-
-def test_several_runs_gate_each_record_on_its_best_ratio(tmp_path: Path) -> None:
-    """Noise in one run (a different row each time) passes; a slowdown in every run fails."""
-    base = _write(tmp_path / "base.json", _run())
-    noisy_a = _write(tmp_path / "a.json", _run(**{"add[delay_index]": 1.8}))
-    noisy_b = _write(tmp_path / "b.json", _run(**{"poll[delay_index]": 1.8, "mem[heapq]": 1.0}))
-    assert gate.main([str(noisy_a), "--baseline", str(base)]) == 1  # one run alone: noise fails
-    assert gate.main([str(noisy_a), str(noisy_b), "--baseline", str(base)]) == 0
-    slow_a = _write(tmp_path / "sa.json", _run(**{"add[delay_index]": 1.5}))
-    slow_b = _write(tmp_path / "sb.json", _run(**{"add[delay_index]": 1.6, "poll[heapq]": 1.9}))
-    assert gate.main([str(slow_a), str(slow_b), "--baseline", str(base)]) == 1
-
-
-def test_baseline_from_several_runs_stores_median_ratios(tmp_path: Path) -> None:
-    runs = [
-        _write(tmp_path / f"r{i}.json", _run(scale=scale, **{"add[delay_index]": factor}))
-        for i, (scale, factor) in enumerate([(1.0, 1.0), (2.0, 1.4), (0.5, 3.0)])
-    ]
-    out = tmp_path / "base.json"
-    assert gate.main([*map(str, runs), "--write-baseline", str(out)]) == 0
-    stored = gate.ratios(gate.load_records(out))
-    want = 0.050 * 1.4 / 0.080  # the median of the three runs' ratios
-    assert stored[("tracker-add-1e5", "add[delay_index]")].ratio == pytest.approx(want)
-    assert stored[("tracker-poll-1e5", "poll[delay_index]")].ratio == pytest.approx(0.025 / 0.2)
-    assert stored[("memory-1e5", "mem[delay_index]")].ratio == pytest.approx(22.0 / 230.0)
-    assert "median ratios of 3 runs" in json.loads(out.read_text(encoding="utf-8"))["note"]
