@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
+from delayindex import FileStorage
 from delayindex.cli import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, main
 from delayindex.simulate import SimulationResult, run_simulation
 
@@ -63,3 +65,23 @@ def test_python_dash_m_entry_point() -> None:
     assert done.returncode == EXIT_OK, done.stderr
     assert json.loads(done.stdout)["ok"] is True
     assert EXIT_CHECK_FAILED == 1
+
+
+@pytest.mark.parametrize("command", ["rebuild", "verify"])
+def test_a_bad_dump_fails_before_spark_starts(
+    command: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A dump path without a known format (or missing) is a usage error at once: no JVM."""
+    import delayindex.cli.rebuild as cli_rebuild
+
+    def no_spark(*_: object, **__: object) -> None:
+        raise AssertionError("Spark was started for a bad dump")
+
+    monkeypatch.setattr(cli_rebuild, "_spark_session", no_spark)
+    FileStorage(tmp_path / "store").close()  # an empty store (verify needs one)
+    (tmp_path / "dump10m").write_bytes(b"PAR1")
+    base = [command, "--store", str(tmp_path / "store"), "--name", "t"]
+    assert main([*base, str(tmp_path / "dump10m")]) == EXIT_USAGE
+    assert "cannot tell the dump format" in capsys.readouterr().err
+    assert main([*base, str(tmp_path / "missing.parquet")]) == EXIT_USAGE

@@ -303,10 +303,11 @@ def _verify_human(console: Console, report: Any, args: argparse.Namespace) -> No
 
 
 def _rebuild_cmd(args: argparse.Namespace, console: Console) -> int:
-    from delayindex.spark import rebuild
+    from delayindex.spark import check_dump, rebuild
 
     config = tracker_config(args)
     subscriptions = subscription_marks(args)  # usage errors before the JVM starts
+    check_dump(args.dump, args.format)  # so is a bad dump path or name
     show = not (args.json or args.no_progress)
     with (
         _spark_session(args, _dump_bytes(args.dump)) as spark,
@@ -334,7 +335,7 @@ def _rebuild_cmd(args: argparse.Namespace, console: Console) -> int:
 
 
 def _verify_cmd(args: argparse.Namespace, console: Console) -> int:
-    from delayindex.spark import verify
+    from delayindex.spark import check_dump, verify
 
     config = tracker_config(args)
     _check_store(args.store)
@@ -350,6 +351,7 @@ def _verify_cmd(args: argparse.Namespace, console: Console) -> int:
     if args.no_spark:
         report = verify(None, args.dump, args.store, args.name, config, **kwargs)
     else:
+        check_dump(args.dump, args.format)  # before the JVM starts
         with (
             _spark_session(args, _dump_bytes(args.dump)) as spark,
             _progress(show, "verify") as progress,

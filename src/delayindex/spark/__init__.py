@@ -21,6 +21,7 @@ from delayindex.spark.job import (
     rebuild_dump,
     verify_dump,
 )
+from delayindex.spark.scan import check_dump
 from delayindex.spark.session import (
     SparkUnavailableError,
     check_workers,
@@ -38,6 +39,7 @@ __all__ = [
     "DumpRebuildReport",
     "DumpVerifyReport",
     "SparkUnavailableError",
+    "check_dump",
     "check_workers",
     "find_java_home",
     "java_major_version",

@@ -108,6 +108,18 @@ def _resolve_dump(dump: str | os.PathLike[str], fmt: str | None) -> _Dump:
     return _Dump(str(root), found, tuple(str(f) for f in files), labels, size)
 
 
+def check_dump(dump: str | os.PathLike[str], fmt: str | None = None) -> None:
+    """The checks :func:`~delayindex.spark.rebuild` and :func:`~delayindex.spark.verify` make
+    on the dump path and format, without Spark: the command line runs them before it starts
+    a JVM, so a wrong path or name fails at once.
+
+    Raises:
+        FileNotFoundError: a local dump path that does not exist.
+        DumpError: an unknown format, a directory without part files or with several formats.
+    """
+    _resolve_dump(dump, fmt)
+
+
 def _spark_type(schema: Any, column: str) -> str | None:
     for f in schema.fields:
         if f.name == column:
