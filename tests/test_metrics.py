@@ -171,6 +171,17 @@ def test_the_exporter_reports_every_family_over_http(exporter: tuple[Any, int]) 
             value(metrics, "delayindex_delayed_in_last_mutable_bucket", index=name)
             == (st["mutable_nodes"])
         )
+        assert value(metrics, "delayindex_problems", index=name) == len(st["problems"])
+        assert value(metrics, "delayindex_retrying_loads", index=name) == len(st["retrying_loads"])
+        assert (
+            value(metrics, "delayindex_blocked_on_persistence", index=name)
+            == (st["blocked_on_persistence"])
+        )
+        for key in ("cancel_overrides", "reschedule_overrides", "snapshot_bytes"):
+            assert value(metrics, f"delayindex_{key}", index=name) == st[key], key
+        kind = type(tracker).__name__
+        assert value(metrics, "delayindex_info", index=name, implementation=st["implementation"],
+                     kind=kind) == 1  # fmt: skip
         in_memory = st["mutable_nodes"] + st["direct_nodes"] + st["loaded"] + st.get("due_log", 0)
         assert value(metrics, "delayindex_delayed_in_memory", index=name) == in_memory
         ops = st["ops"]
