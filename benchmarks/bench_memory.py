@@ -29,8 +29,8 @@ The timed part is the subprocess run itself (one round; it includes interpreter 
 workload generation, so the time is not a tracker speed). The figures are stored in
 ``benchmark.extra_info`` (``rss_bytes_per_msg``, ``reported_bytes_per_msg``; they appear in
 ``--benchmark-json`` output) and printed in the terminal summary; the regression gate compares
-``rss_bytes_per_msg`` ratios to the heapq row. Expected at 1e6: about 25 B per message for
-InMemoryTracker, 160-260 B for heapq + set.
+each variant's ``rss_bytes_per_msg`` with the baseline's, one by one. Expected at 1e6: about
+25 B per message for InMemoryTracker, 160-260 B for heapq + set.
 
 Run::
 
