@@ -25,7 +25,6 @@ what failed; nothing decodes silently wrong. See docs/snapshot-format.md.
 from __future__ import annotations
 
 import functools
-import itertools
 import re
 import struct
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from typing import Any
 
 import mmh3
 import numpy as np
+import numpy.typing as npt
 import zstandard
 from google.protobuf.message import DecodeError
 
@@ -77,22 +77,27 @@ class ObjectHeader:
         return len(self.entry_lengths) - 1
 
     @functools.cached_property
-    def _offsets(self) -> tuple[int, ...]:
-        # Byte offset of each entry and of the end (computed once: reads look it up).
-        return tuple(itertools.accumulate(self.entry_lengths, initial=self.header_bytes))
+    def _offsets(self) -> npt.NDArray[np.int64]:
+        # Byte offset of each entry and of the end, computed once (reads look it up; a header
+        # may stay cached with its object's metadata, so int64s rather than Python ints).
+        offsets = np.empty(len(self.entry_lengths) + 1, dtype=np.int64)
+        offsets[0] = self.header_bytes
+        np.cumsum(np.asarray(self.entry_lengths, dtype=np.int64), out=offsets[1:])
+        offsets[1:] += self.header_bytes
+        return offsets
 
     @property
     def total_bytes(self) -> int:
         """Length of the whole object."""
-        return self._offsets[-1]
+        return int(self._offsets[-1])
 
     def entry_offset(self, index: int) -> int:
         """Byte offset of entry ``index`` from the start of the object."""
-        return self._offsets[index]
+        return int(self._offsets[index])
 
     def span(self, first: int, last: int) -> int:
         """Bytes of entries ``first..last`` (inclusive)."""
-        return self._offsets[last + 1] - self._offsets[first]
+        return int(self._offsets[last + 1] - self._offsets[first])
 
 
 # -- varints ------------------------------------------------------------------------------------
