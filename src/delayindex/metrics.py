@@ -41,7 +41,7 @@ Families (gauges unless noted; see ``docs/operations.md`` for what to do about e
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 try:
@@ -65,21 +65,58 @@ from delayindex.tracker._stats import OP_LATENCY_BOUNDS_MS
 __all__ = ["DelayIndexCollector", "register"]
 
 _OPS = ("create", "load", "delete", "merge", "recover")
-_GAUGES: tuple[tuple[str, str, str], ...] = (
-    # (family, help, stats key)
-    ("delayindex_buckets", "Buckets of the index (mutable, sealed and quarantined).", "buckets"),
+Stats = dict[str, Any]
+
+
+def _n(stats: Stats, key: str) -> float:
+    """A number of ``stats`` (0 when this kind of tracker has no such key)."""
+    value = stats.get(key)
+    return float(value) if value is not None else 0.0
+
+
+def _size(stats: Stats, key: str) -> float:
+    """The length of a list or dict of ``stats`` (0 when absent)."""
+    return float(len(stats.get(key) or ()))
+
+
+def _heap_nodes(stats: Stats) -> float:
+    # The mutable bucket's heap; an InMemoryTracker's one heap.
+    return _n(stats, "mutable_nodes") if "mutable_nodes" in stats else _n(stats, "heap_nodes")
+
+
+#: The per-index gauges: (family, help, reading of a tracker's stats()).
+_GAUGES: tuple[tuple[str, str, Callable[[Stats], float]], ...] = (
+    ("delayindex_buckets", "Buckets of the index (mutable, sealed and quarantined).",
+     lambda s: _n(s, "buckets")),
     ("delayindex_delayed", "Delayed positions tracked (a shared index: those some "
-     "subscription has still to receive).", "tracked"),
+     "subscription has still to receive).",
+     lambda s: _n(s, "delayed" if "delayed" in s else "tracked")),
     ("delayindex_unpersisted", "Tracked positions a crash now would lose (the dispatcher's "
-     "replay restores them).", "unpersisted"),
+     "replay restores them).", lambda s: _n(s, "unpersisted")),
     ("delayindex_quarantined_buckets", "Damaged buckets set aside (repair or release them).",
-     "quarantined_buckets"),
+     lambda s: _n(s, "quarantined_buckets")),
     ("delayindex_cancel_overrides", "Cancels kept against the dispatcher's replay.",
-     "cancel_overrides"),
+     lambda s: _n(s, "cancel_overrides")),
     ("delayindex_reschedule_overrides", "Reschedules kept against the dispatcher's replay.",
-     "reschedule_overrides"),
+     lambda s: _n(s, "reschedule_overrides")),
     ("delayindex_snapshot_bytes", "Bytes of this index's snapshots in storage.",
-     "snapshot_bytes"),
+     lambda s: _n(s, "snapshot_bytes")),
+    ("delayindex_memory_usage_bytes", "Resident memory estimate in bytes.",
+     lambda s: _n(s, "memory_bytes")),
+    ("delayindex_delayed_in_memory", "Index entries held in memory (heap nodes, loaded "
+     "segment keys and due-log keys).",
+     lambda s: _heap_nodes(s) + _n(s, "direct_nodes") + _n(s, "loaded") + _n(s, "due_log")),
+    ("delayindex_delayed_in_last_mutable_bucket", "Entries in the last, mutable bucket's heap "
+     "(all of them for an in-memory tracker).", _heap_nodes),
+    ("delayindex_blocked_on_persistence", "1 while deliveries pause for storage "
+     "(pause_on_unpersisted, the bound reached).",
+     lambda s: float(bool(s.get("blocked_on_persistence")))),
+    ("delayindex_dead_letters", "Snapshot deletes given up on (fix the storage, then gc "
+     "--retry-dead-letters).", lambda s: _size(s, "dead_letters")),
+    ("delayindex_problems", "Distinct problems an operator must act on (see "
+     "stats()['problems']).", lambda s: _size(s, "problems")),
+    ("delayindex_retrying_loads", "Buckets whose segment reads failed and are retried (their "
+     "messages come late).", lambda s: _size(s, "retrying_loads")),
 )  # fmt: skip
 
 _registered: set[int] = set()
@@ -137,68 +174,19 @@ def _label(number: int, tracker: Any) -> str:
     return name if isinstance(name, str) else f"in-memory-{number}"
 
 
-def _gauges(snapshots: list[tuple[str, Any, dict[str, Any]]]) -> Iterator[Metric]:
-    for family, doc, key in _GAUGES:
+def _gauges(snapshots: list[tuple[str, Any, Stats]]) -> Iterator[Metric]:
+    for family, doc, reading in _GAUGES:
         gauge = GaugeMetricFamily(family, doc, labels=["index"])
         for name, _, stats in snapshots:
-            if key == "tracked":  # a shared index: what some subscription has to receive
-                key_value = stats.get("delayed", stats["tracked"])
-            else:
-                key_value = stats.get(key, 0) or 0
-            gauge.add_metric([name], float(key_value))
+            gauge.add_metric([name], reading(stats))
         yield gauge
-    memory = GaugeMetricFamily(
-        "delayindex_memory_usage_bytes", "Resident memory estimate in bytes.", labels=["index"]
-    )
-    in_memory = GaugeMetricFamily(
-        "delayindex_delayed_in_memory",
-        "Index entries held in memory (heap nodes and loaded segment keys).",
-        labels=["index"],
-    )
-    mutable = GaugeMetricFamily(
-        "delayindex_delayed_in_last_mutable_bucket",
-        "Entries in the last, mutable bucket's heap (all of them for an in-memory tracker).",
-        labels=["index"],
-    )
-    blocked = GaugeMetricFamily(
-        "delayindex_blocked_on_persistence",
-        "1 while deliveries pause for storage (pause_on_unpersisted, the bound reached).",
-        labels=["index"],
-    )
-    dead = GaugeMetricFamily(
-        "delayindex_dead_letters",
-        "Snapshot deletes given up on (fix the storage, then gc --retry-dead-letters).",
-        labels=["index"],
-    )
-    problems = GaugeMetricFamily(
-        "delayindex_problems",
-        "Distinct problems an operator must act on (see stats()['problems']).",
-        labels=["index"],
-    )
-    retrying = GaugeMetricFamily(
-        "delayindex_retrying_loads",
-        "Buckets whose segment reads failed and are retried (their messages come late).",
-        labels=["index"],
-    )
     info = GaugeMetricFamily(
         "delayindex_info", "1 per open tracker, labelled with its build.",
         labels=["index", "implementation", "kind"],
     )  # fmt: skip
     for name, tracker, stats in snapshots:
-        memory.add_metric([name], float(stats.get("memory_bytes", 0)))
-        heap = stats.get("mutable_nodes", stats.get("heap_nodes", 0))
-        in_memory.add_metric(
-            [name],
-            float(heap + stats.get("direct_nodes", 0) + stats.get("loaded", 0)
-                  + stats.get("due_log", 0)),
-        )  # fmt: skip
-        mutable.add_metric([name], float(heap))
-        blocked.add_metric([name], float(bool(stats.get("blocked_on_persistence", False))))
-        dead.add_metric([name], float(len(stats.get("dead_letters", ()))))
-        problems.add_metric([name], float(len(stats.get("problems", ()))))
-        retrying.add_metric([name], float(len(stats.get("retrying_loads", ()))))
         info.add_metric([name, str(stats.get("implementation", "")), type(tracker).__name__], 1.0)
-    yield from (memory, in_memory, mutable, blocked, dead, problems, retrying, info)
+    yield info
 
 
 def _operations(snapshots: list[tuple[str, Any, dict[str, Any]]]) -> Iterator[Metric]:
