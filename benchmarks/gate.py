@@ -128,7 +128,8 @@ def _figure(record: dict[str, Any], memory: bool) -> float:
 
 
 def ratios(records: Iterable[dict[str, Any]]) -> dict[Key, Ratio]:
-    """Every record's ratio to the heapq row of its group (see the module doc)."""
+    """Every record's own figure (``value``: min time, or bytes/msg for memory groups) and its
+    ratio to the heapq row of its group (what ``delayindex bench`` shows), by ``(group, name)``."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for record in records:
         record.setdefault("extra_info", {})
@@ -151,12 +152,6 @@ def ratios(records: Iterable[dict[str, Any]]) -> dict[Key, Ratio]:
                 ratio=ratio,
             )
     return out
-
-
-def figures(records: Iterable[dict[str, Any]]) -> dict[Key, Ratio]:
-    """Every record's own figure (min time, or bytes/msg for memory groups) with its ratio to
-    heapq (:func:`ratios`), keyed by ``(group, name)``."""
-    return ratios(records)
 
 
 def _kind(records: Iterable[dict[str, Any]]) -> dict[Key, str]:
@@ -220,7 +215,7 @@ def median_baseline(paths: Sequence[Path]) -> dict[str, Any]:
     reduced = reduce_run(paths[0])
     if len(paths) == 1:
         return reduced
-    per_run = [figures(load_records(path)) for path in paths]
+    per_run = [ratios(load_records(path)) for path in paths]
     first = per_run[0]
     factors = [machine_factor(run, first) for run in per_run]
     for record in reduced["benchmarks"]:
@@ -433,11 +428,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.write_baseline.write_text(json.dumps(reduced, indent=1) + "\n", encoding="utf-8")
             print(f"wrote {len(reduced['benchmarks'])} records to {args.write_baseline}")
             return 0
-        baseline = figures(load_records(args.baseline))
+        baseline = ratios(load_records(args.baseline))
         runs, merged, factors = [], {}, []
         for path in args.run:
             records = load_records(path)
-            run = figures(records)
+            run = ratios(records)
             factors.append(machine_factor(run, baseline))
             runs.append(changes(run, baseline, _kind(records)))
             merged.update(run)

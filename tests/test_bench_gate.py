@@ -181,14 +181,14 @@ def test_write_baseline_keeps_what_the_gate_reads(tmp_path: Path) -> None:
     data = json.loads(reduced.read_text(encoding="utf-8"))
     assert "data" not in data["benchmarks"][1]["stats"]
     assert "phases" not in data["benchmarks"][1]["extra_info"]
-    assert gate.figures(gate.load_records(reduced)) == gate.figures(full["benchmarks"])
+    assert gate.ratios(gate.load_records(reduced)) == gate.ratios(full["benchmarks"])
     slower = _write(tmp_path / "slow.json", _run(**{"poll[delay_index]": 2.0}))
     assert gate.main([str(slower), "--baseline", str(reduced)]) == 1
 
 
 def test_the_stored_quick_baseline_gates_every_group() -> None:
     records = gate.load_records(gate.DEFAULT_BASELINE)
-    stored = gate.figures(records)
+    stored = gate.ratios(records)
     assert stored, "benchmarks/baseline-quick.json holds no records"
     groups = {r.group.rsplit("-", 1)[0] for r in stored.values()}
     expected = {"tracker-add", "tracker-add-many", "tracker-poll", "tracker-contains",
@@ -236,7 +236,7 @@ def test_baseline_from_several_runs_stores_speed_normalized_medians(tmp_path: Pa
     ]
     out = tmp_path / "base.json"
     assert gate.main([*map(str, runs), "--write-baseline", str(out)]) == 0
-    stored = gate.figures(gate.load_records(out))
+    stored = gate.ratios(gate.load_records(out))
     # Each run scaled back to the first run's speed: 0.03 x (1.0, 1.4, 3.0) -> median 1.4.
     assert stored[("tracker-add-1e5", "add[delay_index]")].value == pytest.approx(0.03 * 1.4)
     assert stored[("tracker-poll-1e5", "poll[delay_index]")].value == pytest.approx(0.06)

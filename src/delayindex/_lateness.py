@@ -8,10 +8,11 @@ later than ``2**(BUCKETS-3)`` ms (about 131 s). So the bucket of a value is one 
 search: the native cores compute it with one count-leading-zeros instruction per message. The
 core also sums the positive lateness, for a Prometheus histogram's ``_sum``.
 
-This module is the rule's one place in Python: :func:`bucket_of` (the pure cores),
-:func:`add_lateness` (vectorized, for the shared index's subscriptions) and
-:func:`upper_bounds_seconds` (the exporter's ``le`` labels). The native twins implement
-:func:`bucket_of` in C; a test checks them against it.
+This module is the rule's one place in Python: :func:`bucket_of`, the :class:`Lateness`
+counters the pure cores and the shared index's subscriptions keep (one delivery at a time, or a
+batch with :func:`batch`), and :func:`upper_bounds_seconds` (the exporter's ``le`` labels).
+The native cores implement :func:`bucket_of` in C; ``tests/test_lateness.py`` checks both
+builds and the batch form against it.
 """
 
 from __future__ import annotations
@@ -35,19 +36,45 @@ def upper_bounds_seconds() -> list[float]:
     return [0.0] + [2.0 ** (k - 1) / 1000.0 for k in range(1, BUCKETS - 1)] + [float("inf")]
 
 
-def add_lateness(counts: npt.NDArray[np.int64], now: int, times: npt.NDArray[np.int64]) -> int:
-    """Count deliveries at ``now`` of keys due at ``times`` into ``counts`` (length
-    :data:`BUCKETS`); returns the positive lateness added up, in milliseconds."""
+class Lateness:
+    """Delivery lateness counters: :data:`BUCKETS` counts and the positive lateness summed
+    (ms). The pure cores note one delivery at a time, the shared index a batch at once."""
+
+    __slots__ = ("counts", "total_ms")
+
+    def __init__(self) -> None:
+        self.counts = [0] * BUCKETS
+        self.total_ms = 0
+
+    def note(self, late_ms: int) -> None:
+        """One delivery ``late_ms`` milliseconds after its deliver time."""
+        self.counts[bucket_of(late_ms)] += 1
+        if late_ms > 0:
+            self.total_ms += late_ms
+
+    def note_many(self, now: int, times: npt.NDArray[np.int64]) -> None:
+        """Deliveries at ``now`` of keys due at ``times`` (vectorized :meth:`note`)."""
+        self.add(*batch(now, times))
+
+    def add(self, counts: list[int], total_ms: int) -> None:
+        """Add counts computed elsewhere (:func:`batch`)."""
+        self.counts = [a + b for a, b in zip(self.counts, counts, strict=True)]
+        self.total_ms += total_ms
+
+
+def batch(now: int, times: npt.NDArray[np.int64]) -> tuple[list[int], int]:
+    """The counts and positive lateness sum of deliveries at ``now`` of keys due at
+    ``times``: :func:`bucket_of` of each, vectorized."""
     if not len(times):
-        return 0
+        return [0] * BUCKETS, 0
     late = np.int64(now) - times
-    positive = np.maximum(late, 0)
-    # bit_length(late - 1) + 1 for late >= 1, by float log2 on exact small ints (< 2**53).
     buckets = np.zeros(len(late), dtype=np.int64)
-    pos = late > 0
-    if pos.any():
-        minus = (late[pos] - 1).astype(np.float64)
+    positive = late > 0
+    if positive.any():
+        # bit_length(late - 1) + 1 for late >= 1, from float log2 of exact small ints; every
+        # value past 2**17 lands in the last counter, so the float's precision never matters.
+        minus = np.minimum(late[positive] - 1, 1 << 20).astype(np.float64)
         bits = np.where(minus > 0, np.floor(np.log2(np.maximum(minus, 1))) + 1, 0)
-        buckets[pos] = np.minimum(bits.astype(np.int64) + 1, BUCKETS - 1)
-    counts += np.bincount(buckets, minlength=BUCKETS)
-    return int(positive.sum())
+        buckets[positive] = np.minimum(bits.astype(np.int64) + 1, BUCKETS - 1)
+    counts = np.bincount(buckets, minlength=BUCKETS).tolist()
+    return counts, int(late[positive].sum())

@@ -39,8 +39,7 @@ import numpy.typing as npt
 from pyroaring import BitMap
 from sortedcontainers import SortedDict
 
-from delayindex._lateness import BUCKETS as LATENESS_BUCKETS
-from delayindex._lateness import bucket_of as lateness_bucket
+from delayindex._lateness import Lateness
 from delayindex._pure._bucket_overrides import BucketOverrides
 from delayindex._pure._bucket_queries import BucketQueries
 from delayindex._pure._ints import as_i64, check_ids
@@ -161,8 +160,7 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
              "cancelled", "rescheduled", "refused_cancelled"),
             0,
         )  # fmt: skip
-        self._lateness = [0] * LATENESS_BUCKETS  # poll's delivery lateness counters
-        self._lateness_ms = 0
+        self._lateness = Lateness()  # poll's delivery lateness
 
     # -- time -------------------------------------------------------------------------------
 
@@ -580,10 +578,7 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
         """
         keys = self._take_due(max_n, now)
         for time, _, _ in keys:
-            late = now - time
-            self._lateness[lateness_bucket(late)] += 1
-            if late > 0:
-                self._lateness_ms += late
+            self._lateness.note(now - time)
         return sorted(Position(ledger, entry) for _, ledger, entry in keys)
 
     def poll_keys(self, max_n: int, now: int) -> tuple[Int64Array, Int64Array, Int64Array]:
@@ -665,8 +660,8 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
             "shadowed": len(self._shadow),
             "ledgers": self._index.num_ledgers,
             **self._n,
-            "lateness": list(self._lateness),
-            "lateness_ms": self._lateness_ms,
+            "lateness": list(self._lateness.counts),
+            "lateness_ms": self._lateness.total_ms,
             **self._override_counters(),
             "fixed_delay": self._fixed_delay,
             "highest_deliver_at": self._highest,

@@ -26,8 +26,7 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from delayindex._browse import bin_counts
-from delayindex._lateness import BUCKETS as LATENESS_BUCKETS
-from delayindex._lateness import bucket_of as lateness_bucket
+from delayindex._lateness import Lateness
 from delayindex._pure._ints import as_i64, check_ids
 from delayindex._pure._ticked import TickedCore
 from delayindex._pure.heap import TripleHeap, _int64_column, position_columns
@@ -72,8 +71,7 @@ class TrackerCore(TickedCore):
              "refused_cancelled"),
             0,
         )  # fmt: skip
-        self._lateness = [0] * LATENESS_BUCKETS  # poll's delivery lateness counters
-        self._lateness_ms = 0
+        self._lateness = Lateness()  # poll's delivery lateness
 
     def _untrack(self, ledger: int, entry: int) -> bool:
         bm = self._bitmaps.get(ledger)
@@ -206,7 +204,7 @@ class TrackerCore(TickedCore):
                 self._skipped(ledger, entry)
                 continue
             self._bitmaps[ledger].remove(entry)
-            self._note_lateness(now - time)
+            self._lateness.note(now - time)
             out.append(Position(ledger, entry))
         self._count -= len(out)
         self._n["delivered"] += len(out)
@@ -217,11 +215,6 @@ class TrackerCore(TickedCore):
             self._reset_when_empty()
         out.sort()
         return out
-
-    def _note_lateness(self, late: int) -> None:
-        self._lateness[lateness_bucket(late)] += 1
-        if late > 0:
-            self._lateness_ms += late
 
     def compact(self) -> None:
         """Release bitmaps emptied by deliveries now rather than lazily."""
@@ -365,8 +358,8 @@ class TrackerCore(TickedCore):
             "dead_nodes": self._dead,
             "bitmaps": len(self._bitmaps),
             **self._n,
-            "lateness": list(self._lateness),
-            "lateness_ms": self._lateness_ms,
+            "lateness": list(self._lateness.counts),
+            "lateness_ms": self._lateness.total_ms,
             "cancel_overrides": len(self._cancelled),
             "reschedule_overrides": len(self._moved),
             "fixed_delay": self._fixed_delay,

@@ -28,7 +28,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from delayindex.cli._common import _UsageError
+from delayindex.cli._common import _now_ms, _UsageError
 
 #: One store read: the exit code, the JSON report, and a function printing the human one.
 Render = Callable[[Console], None]
@@ -94,10 +94,6 @@ def run_watch(args: argparse.Namespace, console: Console, snapshot: Snapshot) ->
         if live is not None:
             live.stop()
     return code
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _view(console: Console, render: Render, process: dict[str, Any] | None) -> Group:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -70,13 +71,17 @@ class ObjectsMixin(RawStorage):
         if cached is not None and cached[0] == src.fingerprint:
             return cached[1]
         header = self._read_header(src)
+        self._remember(self._headers, src.key, (src.fingerprint, header))
+        return header
+
+    def _remember(self, cache: OrderedDict[str, Any], key: str, value: Any) -> None:
+        """Put ``key`` in an LRU ``cache`` of at most ``_cache_size`` entries."""
         if self._cache_size:
             with self._state_lock:
-                self._headers[src.key] = (src.fingerprint, header)
-                self._headers.move_to_end(src.key)
-                while len(self._headers) > self._cache_size:
-                    self._headers.popitem(last=False)
-        return header
+                cache[key] = value
+                cache.move_to_end(key)
+                while len(cache) > self._cache_size:
+                    cache.popitem(last=False)
 
     @staticmethod
     def _read_entries(
@@ -119,12 +124,7 @@ class ObjectsMixin(RawStorage):
                 )
         if check_bitmaps:
             check_metadata_bitmaps(metadata, src.where)
-        if self._cache_size:
-            with self._state_lock:
-                self._cache[src.key] = (src.fingerprint, metadata, check_bitmaps)
-                self._cache.move_to_end(src.key)
-                while len(self._cache) > self._cache_size:
-                    self._cache.popitem(last=False)
+        self._remember(self._cache, src.key, (src.fingerprint, metadata, check_bitmaps))
         return metadata
 
     def _forget(self, key: str) -> None:

@@ -45,10 +45,7 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
-from delayindex import _impl, _registry
-from delayindex._lateness import BUCKETS as LATENESS_BUCKETS
-from delayindex._lateness import add_lateness
-from delayindex._lateness import bucket_of as lateness_bucket
+from delayindex import _impl, _lateness, _registry
 from delayindex.clock import Clock
 from delayindex.config import TrackerConfig
 from delayindex.errors import TrackerClosedError
@@ -85,7 +82,7 @@ class SharedDelayIndex(SharedOverridesMixin):
         self._lock = threading.RLock()
         self._closed = False
         self._last_batch: tuple[int, list[Position]] | None = None
-        self._last_lateness: tuple[int, int, int, Int64Array, int] | None = None
+        self._last_lateness: tuple[int, int, int, list[int], int] | None = None
 
     @classmethod
     def open(
@@ -295,9 +292,7 @@ class SharedDelayIndex(SharedOverridesMixin):
                 if state.seq >= self._log.end or head < self._log.key_at(state.seq):
                     heapq.heappop(state.private)
                     self._unpin((head[1], head[2]))
-                    late = now - head[0]
-                    state.lateness[lateness_bucket(late)] += 1
-                    state.lateness_ms += max(late, 0)
+                    state.lateness.note(now - head[0])
                     parts.append([Position(head[1], head[2])])
                     got += 1
                     continue
@@ -321,7 +316,7 @@ class SharedDelayIndex(SharedOverridesMixin):
                 self._note_lateness(state, now, seq, times)
             elif n:
                 parts.append(_positions(ledgers[keep], entries[keep]))
-                state.lateness_ms += add_lateness(state.lateness, now, times[keep])
+                state.lateness.note_many(now, times[keep])
             got += n
         state.received += got
         self._after_progress()
@@ -336,11 +331,8 @@ class SharedDelayIndex(SharedOverridesMixin):
         subscriptions that read the same slice at the same ``now`` (as :meth:`_batch`)."""
         cached = self._last_lateness
         if cached is None or cached[:3] != (seq, len(times), now):
-            counts = np.zeros(LATENESS_BUCKETS, dtype=np.int64)
-            total = add_lateness(counts, now, times)
-            cached = self._last_lateness = (seq, len(times), now, counts, total)
-        state.lateness += cached[3]
-        state.lateness_ms += cached[4]
+            cached = self._last_lateness = (seq, len(times), now, *_lateness.batch(now, times))
+        state.lateness.add(cached[3], cached[4])
 
     def _batch(self, seq: int, ledgers: Int64Array, entries: Int64Array) -> list[Position]:
         """The sorted positions of the whole log slice at ``seq``, built once for the
@@ -577,8 +569,8 @@ class SharedDelayIndex(SharedOverridesMixin):
                     "lag": self._log.end - state.seq,
                     "mark_delete": state.mark,
                     "received": state.received,
-                    "lateness": state.lateness.tolist(),
-                    "lateness_ms": state.lateness_ms,
+                    "lateness": list(state.lateness.counts),
+                    "lateness_ms": state.lateness.total_ms,
                 }
                 for name, state in sorted(self._subs.items())
             }

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
 from pyroaring import BitMap
 
-from delayindex._lateness import BUCKETS as LATENESS_BUCKETS
+from delayindex._lateness import Lateness
 from delayindex.errors import TrackerClosedError
 from delayindex.model import Position
 from delayindex.tracker._front import as_count
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
 class _SubState:
     """One subscription's progress: its next ``seq`` in the due log, its mark, its overrides."""
 
-    __slots__ = ("lateness", "lateness_ms", "mark", "name", "private", "received", "seq", "skip")
+    __slots__ = ("lateness", "mark", "name", "private", "received", "seq", "skip")
 
     def __init__(self, name: str, seq: int, mark: tuple[int, int] | None) -> None:
         self.name = name
@@ -35,9 +34,7 @@ class _SubState:
         self.skip: set[tuple[int, int]] = set()
         self.private: list[tuple[int, int, int]] = []  # heap of (time, ledger, entry)
         self.received = 0
-        # Delivery lateness of what this subscription polled (delayindex._lateness).
-        self.lateness = np.zeros(LATENESS_BUCKETS, dtype=np.int64)
-        self.lateness_ms = 0
+        self.lateness = Lateness()  # of what this subscription polled
 
     def acked(self, ledger: int, entry: int) -> bool:
         return self.mark is not None and (ledger, entry) <= self.mark
