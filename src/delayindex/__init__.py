@@ -4,6 +4,7 @@ The public API is re-exported here; everything else is internal.
 """
 
 from delayindex._impl import NATIVE, wall_clock_ms
+from delayindex._version import __version__
 from delayindex.clock import ManualClock
 from delayindex.config import TrackerConfig
 from delayindex.errors import (
@@ -21,8 +22,6 @@ from delayindex.tracker._damage import QuarantineInfo, RepairResult
 from delayindex.tracker.delay_index import BucketInfo, DelayIndex
 from delayindex.tracker.shared import SharedDelayIndex
 from delayindex.tracker.subscription import Subscription
-
-__version__ = "0.1.0"
 
 __all__ = [
     "NATIVE",

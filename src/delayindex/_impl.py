@@ -3,11 +3,18 @@
 The native extension ``delayindex._native`` is used when it imports, unless the environment
 variable ``DELAYINDEX_NO_EXTENSIONS`` is set to a non-empty value other than ``0``, which forces
 the pure twins in ``delayindex._pure`` (and ``delayindex.clock`` for the wall clock). ``NATIVE``
-tells which one is active. A failed import of a built-but-broken extension warns.
+tells which one is active and ``BUILD`` says so in words, with the reason for a pure build
+(``delayindex --version`` and every tracker's ``stats()["build"]`` show it).
+
+An install without the extension is legitimate: the sdist falls back to the pure build where no
+C compiler is found (see ``setup.py``), and says so when it is built. So an absent extension is
+silent here; an extension that is present but fails to import (a broken or mismatched build)
+warns, since the user asked for speed and is not getting it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import warnings
 from types import ModuleType
@@ -51,20 +58,23 @@ def native_module_or_none() -> ModuleType | None:
     return _native
 
 
-def _load() -> tuple[ModuleType | None, bool]:
+def _load() -> tuple[ModuleType | None, str]:
+    """The native module (or None) and the words for ``BUILD``."""
     if _FORCED_PURE:
-        return None, False
+        return None, "pure-Python build (forced by DELAYINDEX_NO_EXTENSIONS)"
+    if importlib.util.find_spec(f"{__package__}._native") is None:
+        return None, "pure-Python build (the native extension was not built at install)"
     try:
         from delayindex import _native
-    except ImportError as exc:  # pragma: no cover - exercised only where the build failed
+    except ImportError as exc:  # present but unloadable: a broken or mismatched build
         warnings.warn(
             f"delayindex native extension unavailable ({exc}); using the slower pure-Python "
             "twins. Reinstall with a C compiler to get the native hot path.",
             RuntimeWarning,
             stacklevel=3,
         )
-        return None, False
-    return _native, True
+        return None, f"pure-Python build (the native extension failed to import: {exc})"
+    return _native, "native build (Cython extension delayindex._native)"
 
 
 if TYPE_CHECKING:
@@ -86,8 +96,10 @@ if TYPE_CHECKING:
     from delayindex.clock import wall_clock_ms
 
     NATIVE: bool
+    BUILD: str
 else:
-    _module, NATIVE = _load()
+    _module, BUILD = _load()
+    NATIVE = _module is not None
     if _module is not None:
         TripleHeap = _module.TripleHeap
         TrackerCore = _module.TrackerCore
@@ -115,6 +127,7 @@ else:
 
 
 __all__ = [
+    "BUILD",
     "CODEC_KERNELS",
     "BucketCore",
     "LedgerIndex",

@@ -103,7 +103,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from delayindex import __version__
+from delayindex import __version__, _impl
 from delayindex.cli import bench, demo, gendump, rebuild, repair, schedule, shared, store
 from delayindex.cli._common import (
     EXIT_CHECK_FAILED,
@@ -142,7 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="delayindex",
         description=f"Delayed-message index tools. {EXIT_CODES_HELP}",
     )
-    parser.add_argument("--version", action="version", version=f"delayindex {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"delayindex {__version__}, {_impl.BUILD}"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for family in (demo, store, schedule, gendump, rebuild, bench, repair, shared):
         family.register(sub)

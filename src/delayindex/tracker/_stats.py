@@ -104,6 +104,7 @@ class StatsMixin:
             dead_letters = [d.snapshot_id for d in self._catalog.manifest.dead_letters]
             out.update(
                 implementation="native" if _impl.NATIVE else "pure",
+                build=_impl.BUILD,
                 buckets=len(self._buckets) + 1,
                 sealed_buckets=len(self._buckets),
                 durable_buckets=states.count("durable"),

@@ -293,6 +293,7 @@ class InMemoryTracker(TrackerFront):
             out: dict[str, Any] = dict(self._core.counters())
             out.update(
                 implementation="native" if _impl.NATIVE else "pure",
+                build=_impl.BUILD,
                 memory_bytes=self._core.memory_bytes(),
                 tick_ms=self._core.tick_ms,
                 strict=self._config.strict,
