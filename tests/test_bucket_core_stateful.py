@@ -329,7 +329,7 @@ class BucketCoreMachine(RuleBasedStateMachine):
         assert self.cores[0].loaded == self.cores[1].loaded
         a, b = self.cores[0].counters(), self.cores[1].counters()
         assert a == b
-        cl, ce, ml, me, mt = Overrides(*self._both("override_record")).to_arrays()
+        cl, ce, ml, me, mt = Overrides.from_arrays(*self._both("override_record")).to_arrays()
         assert set(zip(cl.tolist(), ce.tolist(), strict=True)) == self.cancelled
         assert dict(zip(zip(ml.tolist(), me.tolist(), strict=True), mt.tolist(), strict=True)) == (
             self.moved

@@ -120,6 +120,10 @@ class LedgerIndexMachine(RuleBasedStateMachine):
             want = sorted({p[0] for p in self.model})
             assert ledgers.tolist() == want
             assert counts.tolist() == [sum(1 for p in self.model if p[0] == g) for g in want]
+            pos_ledgers, pos_entries = twin.positions()
+            assert pos_ledgers.dtype == pos_entries.dtype == np.int64
+            pairs = list(zip(pos_ledgers.tolist(), pos_entries.tolist(), strict=True))
+            assert pairs == sorted(self.model)
 
 
 TestLedgerIndexDifferential = LedgerIndexMachine.TestCase

@@ -214,7 +214,7 @@ def test_independent_framing_decodes() -> None:
 @pytest.mark.parametrize(
     ("frame", "message"),
     [
-        (_frame(_document(), fmt=2), "unsupported manifest format 2"),
+        (_frame(_document(), fmt=3), "unsupported manifest format 3"),
         (b"DIXS" + _frame(_document())[4:], "bad magic"),
         (_frame(["not", "an", "object"]), "exactly the keys"),
         (_frame(_document(extra=1)), "exactly the keys"),

@@ -438,11 +438,11 @@ cdef class BucketCore:
         return None
 
     def override_record(self) -> tuple:
-        """The overrides for the manifest: ``(((ledger, roaring bytes), ...), ((ledger, entry,
-        time), ...))``, ledgers and positions ascending (no per-entry Python objects)."""
-        cancelled = tuple((ledger, self.cancelled.bitmap(ledger).serialize())
-                          for ledger in self.cancelled.ledgers())
-        return cancelled, tuple((p[0], p[1], t) for p, t in sorted(self.moved.items()))
+        """The overrides for the manifest: ``(cancelled_ledgers, cancelled_entries, ((ledger,
+        entry, time), ...))``: the cancelled positions as two int64 arrays and the moved ones
+        as a tuple, both ascending (no per-entry Python objects)."""
+        ledgers, entries = self.cancelled.positions()
+        return ledgers, entries, tuple((p[0], p[1], t) for p, t in sorted(self.moved.items()))
 
     def untrack_ledgers(self, int64_t start, int64_t end) -> int:
         """Untrack every position of ledgers ``start..end``; return how many."""

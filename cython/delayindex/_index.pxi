@@ -358,6 +358,32 @@ cdef class LedgerIndex:
         order = np.argsort(ledgers[:k], kind="stable")
         return ledgers[:k][order], counts[:k][order]
 
+    def positions(self) -> tuple:
+        """Every position, ascending: ``(ledgers, entries)`` int64 arrays (the whole set in
+        two arrays, without a Python object per ledger for the dense ones)."""
+        order, counts = self.ledger_counts()
+        entries = np.empty(int(counts.sum()), dtype=np.int64)
+        cdef int64_t[::1] out = entries
+        cdef Py_ssize_t k = 0, n
+        cdef int64_t w, ledger
+        cdef uint64_t word
+        cdef LSet* s
+        for ledger in order.tolist():
+            s = self.find(ledger)
+            if s.sparse != NULL:
+                part = np.frombuffer((<object> s.sparse).to_array(), dtype=np.uint32)
+                n = len(part)
+                entries[k:k + n] = part
+                k += n
+                continue
+            for w in range(s.nwords):
+                word = s.words[w]
+                while word:
+                    out[k] = s.base + (w << 6) + di_ctzll(word)
+                    word &= word - 1
+                    k += 1
+        return np.repeat(order, counts), entries
+
     def bitmap(self, int64_t ledger, int64_t first=0, int64_t last=0xFFFFFFFF):
         """The entries of ``ledger`` in ``[first, last]`` as a new pyroaring BitMap (empty if
         none)."""

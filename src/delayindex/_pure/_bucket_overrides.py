@@ -133,14 +133,12 @@ class BucketOverrides:
 
     def override_record(
         self,
-    ) -> tuple[tuple[tuple[int, bytes], ...], tuple[tuple[int, int, int], ...]]:
-        """The overrides for the manifest: ``(((ledger, roaring bytes), ...), ((ledger, entry,
-        time), ...))``, ledgers and positions ascending (no per-entry Python objects)."""
-        cancelled = tuple(
-            (ledger, self._cancelled.bitmap(ledger).serialize())
-            for ledger in self._cancelled.ledgers()
-        )
-        return cancelled, tuple((p[0], p[1], t) for p, t in sorted(self._moved.items()))
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], tuple[tuple[int, int, int], ...]]:
+        """The overrides for the manifest: ``(cancelled_ledgers, cancelled_entries, ((ledger,
+        entry, time), ...))``: the cancelled positions as two int64 arrays and the moved ones
+        as a tuple, both ascending (no per-entry Python objects)."""
+        ledgers, entries = self._cancelled.positions()
+        return ledgers, entries, tuple((p[0], p[1], t) for p, t in sorted(self._moved.items()))
 
     def _override_on_add(self, ledger: int, entry: int, deliver_at: int) -> int | None:
         """The deliver time an add of the position takes (the override's, if any), or None

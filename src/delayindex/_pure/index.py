@@ -106,6 +106,16 @@ class LedgerIndex:
             np.array([c for _, c in items], dtype=np.int64),
         )
 
+    def positions(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Every position, ascending: ``(ledgers, entries)`` int64 arrays."""
+        ledgers, counts = self.ledger_counts()
+        parts = [
+            np.frombuffer(self._sets[ledger].to_array(), dtype=np.uint32)
+            for ledger in ledgers.tolist()
+        ]
+        entries = np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
+        return np.repeat(ledgers, counts), entries
+
     def bitmap(self, ledger: int, first: int = 0, last: int = MAX_ENTRY_ID) -> BitMap:
         """The entries of ``ledger`` in ``[first, last]`` as a new pyroaring BitMap (empty if
         none)."""

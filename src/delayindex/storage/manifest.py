@@ -33,9 +33,13 @@ Invariants (checked whenever a Manifest is built, hence on every decode):
 Manifests are immutable: the ``with_*``/``without_*`` helpers return new ones. ``version`` is the
 compare-and-swap counter a storage backend bumps on every commit (0: nothing stored yet).
 
-Bytes (format 1, little-endian)::
+Bytes (little-endian)::
 
-    magic b"DIXM" | version u16 (1) | length u32 | checksum u32 | payload (length bytes)
+    magic b"DIXM" | format u16 (1 or 2) | length u32 | checksum u32 | payload (length bytes)
+
+Format 2 is format 1 with the cancelled positions of ``overrides`` packed (see
+``storage._overrides``); it is written only for a manifest that carries overrides, so every
+other manifest stays readable by a format-1 reader, and a format-1 manifest is still read.
 
 ``payload`` is UTF-8 JSON with sorted keys; ``checksum`` is mmh3 (seed :data:`CHECKSUM_SEED`) of
 magic, version, length and payload. :func:`decode_manifest` raises
@@ -64,7 +68,8 @@ from delayindex.storage._overrides import Overrides
 KEY_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~-]{0,199}")
 
 MANIFEST_MAGIC = b"DIXM"
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2  # the newest; written only when there are overrides (else 1)
+_READABLE_FORMATS = (1, 2)
 CHECKSUM_SEED = 0x4449584D
 _HEAD = struct.Struct("<4sHI")  # magic, format, payload length
 _CRC = struct.Struct("<I")  # checksum, then the payload
@@ -472,7 +477,8 @@ def encode_manifest(manifest: Manifest) -> bytes:
     if manifest.overrides:  # likewise
         document["overrides"] = manifest.overrides.to_json()
     payload = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
-    head = _HEAD.pack(MANIFEST_MAGIC, MANIFEST_FORMAT, len(payload))
+    fmt = MANIFEST_FORMAT if manifest.overrides else 1
+    head = _HEAD.pack(MANIFEST_MAGIC, fmt, len(payload))
     return head + _CRC.pack(mmh3.hash(head + payload, CHECKSUM_SEED, signed=False)) + payload
 
 
@@ -542,7 +548,7 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
     (stored,) = _CRC.unpack_from(data, _HEAD.size)
     if magic != MANIFEST_MAGIC:
         raise SnapshotCorruptError(f"{where}: bad magic {magic!r} (not a delayindex manifest)")
-    if fmt != MANIFEST_FORMAT:
+    if fmt not in _READABLE_FORMATS:
         raise SnapshotCorruptError(f"{where}: unsupported manifest format {fmt}")
     if len(data) != _FRAME_BYTES + length:
         raise SnapshotCorruptError(
@@ -580,7 +586,10 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
         overrides = Overrides()
         if isinstance(document, dict) and "overrides" in document:
             document = dict(document)
-            overrides = Overrides.from_json(document.pop("overrides"))
+            stored = document.pop("overrides")
+            if isinstance(stored, dict) and ("cancelled_packed" in stored) != (fmt == 2):
+                raise ValueError(f"overrides in the wrong form for manifest format {fmt}")
+            overrides = Overrides.from_json(stored)
         f = _fields(document, _MANIFEST_KEYS, "manifest")
         buckets = []
         for obj in _list(f["buckets"], "buckets"):

@@ -129,7 +129,10 @@ class OverridesMixin:
         """Hand the overrides to the catalog if they changed (lock held); True if they did."""
         if not self._overrides_dirty:
             return False
-        self._catalog.note_overrides(Overrides(*self._core.override_record()))
+        cancelled_ledgers, cancelled_entries, moved = self._core.override_record()
+        self._catalog.note_overrides(
+            Overrides.from_arrays(cancelled_ledgers, cancelled_entries, moved)
+        )
         self._overrides_dirty = False
         return True
 
