@@ -109,6 +109,15 @@ class LedgerIndexMachine(RuleBasedStateMachine):
         want = BitMap(e for lg, e in self.model if lg == ledger and first <= e <= last)
         assert self._both("bitmap", ledger, first, last) == want
 
+    @rule(pairs=st.lists(st.tuples(ledgers, st.integers(0, 2**32 - 1) | entries), max_size=40))
+    def contains_many(self, pairs: list[tuple[int, int]]) -> None:
+        ls = np.array([p[0] for p in pairs], dtype=np.int64)
+        es = np.array([p[1] for p in pairs], dtype=np.int64)
+        for twin in self.twins:
+            got = twin.contains_many(ls, es)
+            assert got.dtype == np.bool_
+            assert got.tolist() == [p in self.model for p in pairs]
+
     @invariant()
     def agree(self) -> None:
         for twin in self.twins:

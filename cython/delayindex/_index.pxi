@@ -322,6 +322,20 @@ cdef class LedgerIndex:
         check_ids(ledger, entry)
         return self.ccontains(ledger, entry)
 
+    def contains_many(self, ledgers, entries):
+        """For each position, whether it is in the set: a bool array (the ids are not
+        validated; a position out of range is simply absent)."""
+        cdef const int64_t[::1] ls = np.ascontiguousarray(ledgers, dtype=np.int64)
+        cdef const int64_t[::1] es = np.ascontiguousarray(entries, dtype=np.int64)
+        cdef Py_ssize_t i, k = ls.shape[0]
+        if es.shape[0] != k:
+            raise ValueError("ledgers and entries differ in length")
+        out = np.zeros(k, dtype=np.bool_)
+        cdef uint8_t[::1] view = out.view(np.uint8)
+        for i in range(k):
+            view[i] = self.ccontains(ls[i], es[i])
+        return out
+
     def __len__(self) -> int:
         return self.count
 

@@ -69,11 +69,7 @@ class BucketQueries:
         ledgers, entries = _column(ledgers), _column(entries)
         if len(ledgers) != len(entries):
             raise ValueError("ledgers and entries differ in length")
-        contains = self._index.contains
-        return np.array(
-            [contains(lg, e) for lg, e in zip(ledgers.tolist(), entries.tolist(), strict=True)],
-            dtype=np.bool_,
-        )
+        return self._index.contains_many(ledgers, entries)
 
     def tracked_in_range(self, start: int, end: int) -> tuple[Int64Array, Int64Array]:
         """Tracked positions of ledgers ``start..end`` whose authoritative copy is not in the

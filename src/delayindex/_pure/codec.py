@@ -7,6 +7,7 @@ into concatenated arrays sorted by ``(time, ledger, entry)``. Malformed input ra
 
 from __future__ import annotations
 
+import array
 import itertools
 import struct
 from collections.abc import Sequence
@@ -50,10 +51,11 @@ def pack_times(times: Int64Array, base: int, span: int) -> bytes:
     if span < 0:
         raise ValueError("span must be >= 0")
     values = np.asarray(times, dtype=np.int64)
-    offsets = values.astype(np.object_) - base  # exact for the full int64 range
-    bad = [v for v in offsets.tolist() if not 0 <= v <= span]
-    if bad:
-        raise ValueError(f"time {bad[0] + base} outside [{base}, {base + span}]")
+    # Python ints: exact over the full int64 range (base + span may exceed it).
+    if len(values) and not (base <= int(values.min()) and int(values.max()) <= base + span):
+        offsets = values.astype(np.object_) - base  # the error path: name the first bad time
+        bad = next(v for v in offsets.tolist() if not 0 <= v <= span)
+        raise ValueError(f"time {bad + base} outside [{base}, {base + span}]")
     bits = _bit_length(span)
     if bits == 0:
         return b""
@@ -111,13 +113,15 @@ def roaring_check_positions(ledgers: Int64Array, bitmaps: list[bytes]) -> Int64A
     return cards
 
 
-def _unpack(payload: bytes, n: int, bits: int) -> list[int]:
+def _unpack(payload: bytes, n: int, bits: int) -> npt.NDArray[np.uint64]:
     if bits == 0:
-        return [0] * n
+        return np.zeros(n, dtype=np.uint64)
     flat = np.unpackbits(np.frombuffer(payload, dtype=np.uint8), bitorder="little")
     matrix = flat[: n * bits].reshape(n, bits).astype(np.uint64)
-    values = (matrix << np.arange(bits, dtype=np.uint64)).sum(axis=1, dtype=np.uint64)
-    return [int(v) for v in values.tolist()]
+    values: npt.NDArray[np.uint64] = (matrix << np.arange(bits, dtype=np.uint64)).sum(
+        axis=1, dtype=np.uint64
+    )
+    return values
 
 
 def decode_segments(
@@ -180,12 +184,13 @@ def decode_segments(
         entries = np.concatenate(parts).astype(np.int64)
         seg_l = np.repeat(np.array(seg_ledgers, dtype=np.int64), [len(p) for p in parts])
         keys = _unpack(payload, n, bits)
-        if any(k > span for k in keys):
+        highest = int(keys.max())
+        if highest > span:
             raise ValueError(f"segment {s}: a packed time exceeds the span")
-        if min(keys) != 0 or max(keys) != span:
+        if int(keys.min()) != 0 or highest != span:
             raise ValueError(f"segment {s}: times do not span its metadata range")
-        order = np.argsort(np.array(keys, dtype=np.uint64), kind="stable")
-        out_t.append(np.array(keys, dtype=np.int64)[order] + low)
+        order = np.argsort(keys, kind="stable")
+        out_t.append(keys.astype(np.int64)[order] + low)
         out_l.append(seg_l[order])
         out_e.append(entries[order])
         offsets.append(offsets[-1] + n)
@@ -248,34 +253,34 @@ def build_segments(
     seg_ledgers: list[int] = []
     bitmaps: list[bytes] = []
     packed: list[bytes] = []
-    tl, n, start = t.tolist(), len(t), 0
+    n, start = len(t), 0
+    # The native cut: up to max_time_step_ms of time and max_indexes_per_segment indexes
+    # (-1: no cap; below 1, one index per segment).
+    cap = n if max_indexes_per_segment == -1 else max(max_indexes_per_segment, 1)
     while start < n:
-        upper = min(tl[start] + max_time_step_ms - 1, 2**63 - 1)
-        stop = start + 1
-        while (
-            stop < n
-            and tl[stop] <= upper
-            and (max_indexes_per_segment == -1 or stop - start < max_indexes_per_segment)
-        ):
-            stop += 1
+        first = int(t[start])
+        upper = min(first + max_time_step_ms - 1, 2**63 - 1)
+        stop = min(int(np.searchsorted(t, np.int64(upper), side="right")), start + cap)
         by_pos = np.lexsort((en[start:stop], lg[start:stop]))
         seg_t, seg_l, seg_e = t[start:stop][by_pos], lg[start:stop][by_pos], en[start:stop][by_pos]
-        dup = (seg_l[1:] == seg_l[:-1]) & (seg_e[1:] == seg_e[:-1])
+        same_ledger = seg_l[1:] == seg_l[:-1]
+        dup = same_ledger & (seg_e[1:] == seg_e[:-1])
         if dup.any():
             i = int(np.flatnonzero(dup)[0]) + 1
             raise ValueError(f"position ({seg_l[i]}, {seg_e[i]}) appears twice")
-        for ledger, group in itertools.groupby(
-            zip(seg_l.tolist(), seg_e.tolist(), strict=True), key=lambda p: p[0]
-        ):
-            bm = BitMap([e for _, e in group])
+        bounds = [0, *(np.flatnonzero(~same_ledger) + 1).tolist(), len(seg_l)]
+        entries32 = seg_e.astype(np.uint32)  # ids are in range: the caller validates
+        for a, b in itertools.pairwise(bounds):
+            bm = BitMap(array.array("I", entries32[a:b].tobytes()))
             bm.run_optimize()
-            seg_ledgers.append(ledger)
+            seg_ledgers.append(int(seg_l[a]))
             bitmaps.append(bytes(bm.serialize()))
         offsets.append(len(seg_ledgers))
-        mins.append(tl[start])
-        maxs.append(tl[stop - 1])
+        last = int(t[stop - 1])
+        mins.append(first)
+        maxs.append(last)
         counts.append(stop - start)
-        packed.append(pack_times(seg_t, tl[start], tl[stop - 1] - tl[start]))
+        packed.append(pack_times(seg_t, first, last - first))
         start = stop
     columns = [np.array(c, dtype=np.int64) for c in (mins, maxs, counts, offsets, seg_ledgers)]
     return (t, lg, en, *columns, bitmaps, packed)

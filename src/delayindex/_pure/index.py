@@ -10,6 +10,7 @@ the non-empty ones.
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import numpy as np
@@ -79,6 +80,27 @@ class LedgerIndex:
         check_ids(ledger, entry)
         bm = self._sets.get(ledger)
         return bm is not None and entry in bm
+
+    def contains_many(self, ledgers: object, entries: object) -> npt.NDArray[np.bool_]:
+        """For each position, whether it is in the set: a bool array (the ids are not
+        validated; a position out of range is simply absent). Vectorized per ledger."""
+        ls = np.ascontiguousarray(ledgers, dtype=np.int64)
+        es = np.ascontiguousarray(entries, dtype=np.int64)
+        if len(ls) != len(es):
+            raise ValueError("ledgers and entries differ in length")
+        out = np.zeros(len(ls), dtype=np.bool_)
+        if not len(ls) or not self._count:
+            return out
+        order = np.argsort(ls, kind="stable")
+        grouped = ls[order]
+        cuts = [0, *(np.flatnonzero(grouped[1:] != grouped[:-1]) + 1).tolist(), len(ls)]
+        for a, b in itertools.pairwise(cuts):
+            bm = self._sets.get(int(grouped[a]))
+            if bm:
+                rows = order[a:b]
+                members = np.frombuffer(bm.to_array(), dtype=np.uint32)
+                out[rows] = np.isin(es[rows], members)
+        return out
 
     def __len__(self) -> int:
         return self._count
