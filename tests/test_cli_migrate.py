@@ -170,8 +170,22 @@ def test_keep_old_builds_and_verifies_only(
 ) -> None:
     build_old(tmp_path)
     before = tree(tmp_path)
-    assert main(["migrate", str(tmp_path), "--to", "orders", *FROM, "--now-ms", str(T0),
-                 *BUILD, "--keep-old"]) == EXIT_OK  # fmt: skip (progress bars on stderr)
+    assert (
+        main(
+            [
+                "migrate",
+                str(tmp_path),
+                "--to",
+                "orders",
+                *FROM,
+                "--now-ms",
+                str(T0),
+                *BUILD,
+                "--keep-old",
+            ]
+        )
+        == EXIT_OK
+    )  # fmt: skip (progress bars on stderr)
     out = capsys.readouterr().out
     assert "verified orders per subscription: ok" in out and "--keep-old" in out
     assert "sub1" in out and "orders-sub2" in out

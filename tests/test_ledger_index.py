@@ -199,9 +199,7 @@ def test_ranged_bitmap_covers_word_and_bitset_edges(which: str) -> None:
     index._check()
 
 
-@given(
-    pairs=st.lists(st.tuples(st.integers(0, 2**62), st.integers(0, 2**32 - 1)), max_size=60)
-)
+@given(pairs=st.lists(st.tuples(st.integers(0, 2**62), st.integers(0, 2**32 - 1)), max_size=60))
 def test_sorted_positions_twins_agree_with_sorted(pairs: list[tuple[int, int]]) -> None:
     from delayindex._pure.heap import sorted_positions as pure_sorted_positions
     from delayindex.model import Position

@@ -191,7 +191,7 @@ def test_repair_from_the_dump_delivers_what_an_undamaged_index_would() -> None:
             index.close()
             index = open_index(storage, clock)
         order = []
-        for at in [*sorted(set(schedule.values())), T0 + 10 ** 8]:
+        for at in [*sorted(set(schedule.values())), T0 + 10**8]:
             clock.set(at)
             while got := index.poll(1):
                 order.extend(got)

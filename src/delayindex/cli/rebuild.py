@@ -242,12 +242,20 @@ def _marks_argv(report: Any) -> str:
 def _subscription_table(checks: Any) -> Table:
     """A shared index's verify, per subscription."""
     table = Table(title="subscriptions", title_justify="left")
-    for column, justify in (("subscription", "left"), ("mark-delete", "right"),
-                            ("expected", "right"), ("in the store", "right"), ("", "left")):
+    for column, justify in (
+        ("subscription", "left"),
+        ("mark-delete", "right"),
+        ("expected", "right"),
+        ("in the store", "right"),
+        ("", "left"),
+    ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for c in checks:
         table.add_row(
-            escape(c.name), _position(c.mark_delete), f"{c.expected:,}", f"{c.found:,}",
+            escape(c.name),
+            _position(c.mark_delete),
+            f"{c.expected:,}",
+            f"{c.found:,}",
             "[green]ok[/]" if c.ok else "[red]mismatch[/]",
         )
     return table  # fmt: skip

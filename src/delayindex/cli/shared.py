@@ -278,18 +278,26 @@ def _sources(args: argparse.Namespace) -> dict[str, str]:
 
 def _migrate_table(report: MigrationReport) -> Table:
     table = Table(title="subscriptions", title_justify="left")
-    for column, justify in (("subscription", "left"), ("old index", "left"),
-                            ("mark-delete", "right"), ("old index (not due)", "right"),
-                            ("shared index gives it", "right"), ("verify", "left")):
+    for column, justify in (
+        ("subscription", "left"),
+        ("old index", "left"),
+        ("mark-delete", "right"),
+        ("old index (not due)", "right"),
+        ("shared index gives it", "right"),
+        ("verify", "left"),
+    ):
         table.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
     checks = {c.name: c for c in report.verify.subscriptions}
     for old in report.old:
         check = checks[old.subscription]
         held = "-" if old.pending is None else f"{old.pending:,}"
         table.add_row(
-            escape(old.subscription), escape(old.name),
+            escape(old.subscription),
+            escape(old.name),
             "-" if old.mark_delete is None else f"{old.mark_delete[0]}:{old.mark_delete[1]}",
-            held, f"{check.found:,}", "[green]ok[/]" if check.ok else "[red]mismatch[/]",
+            held,
+            f"{check.found:,}",
+            "[green]ok[/]" if check.ok else "[red]mismatch[/]",
         )
     return table  # fmt: skip
 

@@ -201,9 +201,7 @@ def classify(
     return _classify(ledgers, entries, times, now_ms, config, _mark(mark_delete))
 
 
-def after_mark(
-    ledgers: Int64Array, entries: Int64Array, mark: tuple[int, int] | None
-) -> BoolArray:
+def after_mark(ledgers: Int64Array, entries: Int64Array, mark: tuple[int, int] | None) -> BoolArray:
     """For each position, whether it lies after ``mark`` (every position when None)."""
     if mark is None:
         return np.ones(len(ledgers), dtype=np.bool_)

@@ -448,6 +448,9 @@ def verify_store(
 
 def _records(records: Sequence[SubscriptionRecord]) -> str:
     """``a@3:2, b@-`` (name and mark of each), or ``none``."""
-    return ", ".join(
-        f"{r.name}@{'{}:{}'.format(*r.mark_delete) if r.mark_delete else '-'}" for r in records
-    ) or "none"
+    return (
+        ", ".join(
+            f"{r.name}@{'{}:{}'.format(*r.mark_delete) if r.mark_delete else '-'}" for r in records
+        )
+        or "none"
+    )
