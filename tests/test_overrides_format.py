@@ -20,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pyroaring import BitMap
 
+from delayindex import DelayIndex, ManualClock, MemoryStorage
 from delayindex.errors import SnapshotCorruptError
 from delayindex.storage._overrides import Overrides, pack_cancelled, unpack_cancelled
 from delayindex.storage.manifest import Manifest, decode_manifest, encode_manifest
@@ -172,3 +173,42 @@ def test_half_of_a_million_positions_pack_small() -> None:
         len(BitMap(entries[i * 500 : (i + 1) * 500].tolist()).serialize()) for i in range(1000)
     )
     assert len(packed) < portable / 3  # the per-ledger roaring form this replaces
+
+
+def test_an_index_opens_a_format_one_manifest_and_keeps_its_overrides() -> None:
+    """A store written before format 2 (its cancels as per-ledger bitmaps) opens: the cancel
+    and the reschedule hold against the dispatcher's replay, and the next commit writes
+    format 2."""
+    t0 = 1_000_000
+    storage = MemoryStorage()
+    clock = ManualClock(t0)
+    index = DelayIndex.open(storage, "old", clock=clock)
+    for entry in range(10):
+        index.add(1, entry, t0 + 10_000 + entry)
+    assert index.cancel(1, 3) and index.reschedule(1, 5, t0 + 50_000)
+    index.flush()
+    index.close()
+    data = storage.raw_manifest("old")
+    assert data is not None and struct.unpack_from("<H", data, 4)[0] == 2
+    document = json.loads(data[14:])
+    overrides = document["overrides"]
+    del overrides["cancelled_packed"]
+    overrides["cancelled"] = [[1, base64.b64encode(BitMap([3]).serialize()).decode()]]
+    storage.put_raw_manifest("old", _frame(document, 1))
+
+    again = DelayIndex.open(storage, "old", clock=clock)
+    try:
+        for entry in range(10):  # the replay, with the original times
+            again.add(1, entry, t0 + 10_000 + entry)
+        assert not again.contains(1, 3)
+        clock.set(t0 + 20_000)
+        delivered = again.poll(100)
+        assert sorted(p.entry_id for p in delivered) == [0, 1, 2, 4, 6, 7, 8, 9]
+        clock.set(t0 + 50_000)
+        assert [p.entry_id for p in again.poll(100)] == [5]
+        again.cancel(1, 9)  # already delivered: nothing changes, but the overrides are noted
+        again.flush()
+    finally:
+        again.close()
+    rewritten = storage.raw_manifest("old")
+    assert rewritten is not None and struct.unpack_from("<H", rewritten, 4)[0] == 2
