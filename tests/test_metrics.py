@@ -181,7 +181,7 @@ def test_the_exporter_reports_every_family_over_http(exporter: tuple[Any, int]) 
             assert value(metrics, f"delayindex_{key}", index=name) == st[key], key
         kind = type(tracker).__name__
         assert value(metrics, "delayindex_info", index=name, implementation=st["implementation"],
-                     kind=kind) == 1  # fmt: skip
+                     build=st["build"], kind=kind) == 1  # fmt: skip
         in_memory = st["mutable_nodes"] + st["direct_nodes"] + st["loaded"] + st.get("due_log", 0)
         assert value(metrics, "delayindex_delayed_in_memory", index=name) == in_memory
         ops = st["ops"]

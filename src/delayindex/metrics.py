@@ -35,7 +35,7 @@ Families (gauges unless noted; see ``docs/operations.md`` for what to do about e
     delayindex_delivery_lateness_seconds{subscription}  histogram: poll time - deliver_at
     delayindex_subscription_backlog{subscription}       positions still to receive
     delayindex_subscription_lag{subscription}           due-log keys not yet read
-    delayindex_info{implementation}           1, labelled with the build (native or pure)
+    delayindex_info{implementation,build}     1, labelled with the build (native or pure, and why)
 """
 
 from __future__ import annotations
@@ -182,10 +182,11 @@ def _gauges(snapshots: list[tuple[str, Any, Stats]]) -> Iterator[Metric]:
         yield gauge
     info = GaugeMetricFamily(
         "delayindex_info", "1 per open tracker, labelled with its build.",
-        labels=["index", "implementation", "kind"],
+        labels=["index", "implementation", "build", "kind"],
     )  # fmt: skip
     for name, tracker, stats in snapshots:
-        info.add_metric([name, str(stats.get("implementation", "")), type(tracker).__name__], 1.0)
+        labels = [str(stats.get("implementation", "")), str(stats.get("build", ""))]
+        info.add_metric([name, *labels, type(tracker).__name__], 1.0)
     yield info
 
 
