@@ -257,6 +257,8 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
     # -- add --------------------------------------------------------------------------------
 
     def _add(self, ledger: int, entry: int, deliver_at: int, cutoff: int) -> int:
+        # Every caller has converted and checked the ids and the time (int64, ids in range),
+        # so the heaps and the index are fed through their unchecking entry points.
         n = self._n
         mark = self._mark
         if ledger <= mark[0] and (ledger, entry) <= mark:
@@ -279,7 +281,7 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
                 self._stale.add((ledger, entry))
                 self._shadow.discard((ledger, entry))
             return DELIVER
-        if self._index.contains(ledger, entry):
+        if self._index._has(ledger, entry):  # every caller checked the ids
             n["add_calls"] += 1
             n["duplicates"] += 1
             self._note_deliver_at(deliver_at)
@@ -303,16 +305,16 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
             self._direct.remove(ledger, entry)
             self._stale.discard((ledger, entry))
         if to_mutable:
-            self._mutable.push(deliver_at, ledger, entry)
+            self._mutable._push_int64(deliver_at, ledger, entry)
             if self._mutable_start < 0:
                 self._mutable_start = ledger
             self._mutable_end = ledger
         else:
-            self._direct.push(deliver_at, ledger, entry)
+            self._direct._push_int64(deliver_at, ledger, entry)
             n["direct_adds"] += 1
             if sealed:
                 self._shadow.add((ledger, entry))
-        self._index.add(ledger, entry)
+        self._index._insert(ledger, entry)
         n["added"] += 1
         self._note_deliver_at(deliver_at)
         return TRACKED

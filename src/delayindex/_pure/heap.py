@@ -34,6 +34,10 @@ class TripleHeap:
         """Insert the triple ``(time, ledger, entry)`` of ints (``OverflowError`` past int64)."""
         heapq.heappush(self._items, (as_i64(time), as_i64(ledger), as_i64(entry)))
 
+    def _push_int64(self, time: int, ledger: int, entry: int) -> None:
+        # ``push`` for ints the caller has checked to be int64 (the bucket core's add path).
+        heapq.heappush(self._items, (time, ledger, entry))
+
     def push_many(self, times: Int64Array, ledgers: Int64Array, entries: Int64Array) -> None:
         """Insert ``(times[i], ledgers[i], entries[i])`` for every i (equal-length int64 arrays)."""
         columns = [_int64_column(a) for a in (times, ledgers, entries)]

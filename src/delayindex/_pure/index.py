@@ -44,6 +44,10 @@ class LedgerIndex:
     def add(self, ledger: int, entry: int) -> bool:
         """Add ``(ledger, entry)``; True if it was not there."""
         check_ids(ledger, entry)
+        return self._insert(ledger, entry)
+
+    def _insert(self, ledger: int, entry: int) -> bool:
+        # ``add`` for ids the caller has checked (the bucket core's add path).
         bm = self._sets.get(ledger)
         if bm is None:
             bm = self._sets[ledger] = BitMap()
@@ -78,6 +82,10 @@ class LedgerIndex:
     def contains(self, ledger: int, entry: int) -> bool:
         """Whether ``(ledger, entry)`` is in the set."""
         check_ids(ledger, entry)
+        return self._has(ledger, entry)
+
+    def _has(self, ledger: int, entry: int) -> bool:
+        # ``contains`` for ids the caller has checked (the bucket core's add path).
         bm = self._sets.get(ledger)
         return bm is not None and entry in bm
 
