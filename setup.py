@@ -64,6 +64,19 @@ def _say_pure(reason: str) -> None:
     )
 
 
+def _cannot_build(problem: str) -> None:
+    """The native extension cannot be built: an error if it is required, else nothing (the
+    caller falls back to the pure build and says so)."""
+    if REQUIRE:
+        raise SystemExit(
+            "delayindex: the native extension failed to build and "
+            f"DELAYINDEX_REQUIRE_EXTENSIONS is set: {problem}"
+        )
+
+
+_HOW_TO_REQUIRE = "(DELAYINDEX_REQUIRE_EXTENSIONS=1 makes it fail)"
+
+
 class OptionalBuildExt(build_ext):
     """``build_ext`` whose failure leaves a working pure-Python install unless it is required."""
 
@@ -80,13 +93,9 @@ class OptionalBuildExt(build_ext):
             self._fail(exc)
 
     def _fail(self, exc: BaseException) -> None:
-        if REQUIRE:
-            raise SystemExit(
-                f"delayindex: the native extension failed to build and "
-                f"DELAYINDEX_REQUIRE_EXTENSIONS is set: {type(exc).__name__}: {exc}"
-            ) from exc
+        _cannot_build(f"{type(exc).__name__}: {exc}")
         detail = str(exc) if len(str(exc)) <= 160 else str(exc)[:160] + "..."
-        _say_pure(f"{type(exc).__name__}: {detail} (DELAYINDEX_REQUIRE_EXTENSIONS=1 makes it fail)")
+        _say_pure(f"{type(exc).__name__}: {detail} {_HOW_TO_REQUIRE}")
 
 
 def _compiler_problem() -> str | None:
@@ -127,8 +136,7 @@ class AnnouncingBuildPy(build_py):
 
     def run(self) -> None:
         if PURE_REASON:
-            _say_pure(f"{PURE_REASON} (DELAYINDEX_REQUIRE_EXTENSIONS=1 makes it fail)"
-                      if not SKIP else PURE_REASON)  # fmt: skip
+            _say_pure(PURE_REASON if SKIP else f"{PURE_REASON} {_HOW_TO_REQUIRE}")
         super().run()
 
 
@@ -143,11 +151,7 @@ def _extensions() -> list[Extension]:
         return []
     problem = _compiler_problem()
     if problem:
-        if REQUIRE:
-            raise SystemExit(
-                "delayindex: the native extension failed to build and "
-                f"DELAYINDEX_REQUIRE_EXTENSIONS is set: {problem}"
-            )
+        _cannot_build(problem)
         PURE_REASON = problem
         return []  # a pure wheel (py3-none-any): nothing in it needs a compiler
     from Cython.Build import cythonize  # a build requirement; only needed for the native build

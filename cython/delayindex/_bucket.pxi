@@ -264,16 +264,7 @@ cdef class BucketCore:
 
     def tracked_mask(self, ledgers, entries):
         """For each position, whether it is tracked."""
-        cdef const int64_t[::1] ls = _column(ledgers)
-        cdef const int64_t[::1] es = _column(entries)
-        cdef Py_ssize_t i, k = ls.shape[0]
-        if es.shape[0] != k:
-            raise ValueError("ledgers and entries differ in length")
-        out = np.zeros(k, dtype=np.bool_)
-        cdef uint8_t[::1] view = out.view(np.uint8)
-        for i in range(k):
-            view[i] = self.index.ccontains(ls[i], es[i])
-        return out
+        return self.index.contains_many(ledgers, entries)
 
     def tracked_in_range(self, int64_t start, int64_t end):
         """Tracked positions of ledgers ``start..end`` whose authoritative copy is not in the

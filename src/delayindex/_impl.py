@@ -126,9 +126,13 @@ else:
     roaring_union_by_ledger = _kernels.roaring_union_by_ledger
 
 
+#: The short form of ``BUILD`` that ``stats()`` and the reports carry.
+IMPLEMENTATION = "native" if NATIVE else "pure"
+
 __all__ = [
     "BUILD",
     "CODEC_KERNELS",
+    "IMPLEMENTATION",
     "BucketCore",
     "LedgerIndex",
     "PureBucketCore",

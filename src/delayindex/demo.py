@@ -176,7 +176,7 @@ def run_demo(
     result = DemoResult(
         messages=messages,
         workdir=str(root),
-        implementation="native" if _impl.NATIVE else "pure",
+        implementation=_impl.IMPLEMENTATION,
     )
     try:
         _run(result, root, messages, seed, master, say, spark_jobs, spark)

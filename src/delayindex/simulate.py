@@ -191,6 +191,6 @@ def run_simulation(
         peak_memory_bytes=peak_memory,
         ingest_seconds=ingest_seconds,
         drain_seconds=drain_seconds,
-        implementation="native" if _impl.NATIVE else "pure",
+        implementation=_impl.IMPLEMENTATION,
         config={"tick_ms": tick_ms, "strict": strict, "seed": seed},
     )

@@ -66,9 +66,6 @@ class BucketQueries:
 
     def tracked_mask(self, ledgers: Int64Array, entries: Int64Array) -> npt.NDArray[np.bool_]:
         """For each position, whether it is tracked."""
-        ledgers, entries = _column(ledgers), _column(entries)
-        if len(ledgers) != len(entries):
-            raise ValueError("ledgers and entries differ in length")
         return self._index.contains_many(ledgers, entries)
 
     def tracked_in_range(self, start: int, end: int) -> tuple[Int64Array, Int64Array]:

@@ -72,9 +72,8 @@ def pack_cancelled(ledgers: Int64Array, entries: Int64Array) -> bytes:
     firsts = np.flatnonzero(np.r_[True, step != 0])
     counts = np.diff(np.r_[firsts, len(ledgers)]).astype("<u4")
     deltas = np.empty(len(entries), dtype="<u4")
-    deltas[0] = entries[0]
     deltas[1:] = gaps
-    deltas[firsts] = entries[firsts]
+    deltas[firsts] = entries[firsts]  # index 0 included
     shuffled = deltas.view(np.uint8).reshape(-1, 4).T.tobytes()
     body = b"".join(
         (
@@ -201,13 +200,20 @@ class Overrides:
         }
 
     @classmethod
-    def from_json(cls, obj: object) -> Overrides:
-        """Parse the JSON form, packed (format 2) or per-ledger bitmaps (format 1);
-        ``ValueError``/``TypeError`` for anything malformed (the cancels are unpacked and
-        checked, so damaged bytes are found here)."""
-        if not isinstance(obj, dict) or set(obj) not in ({"cancelled_packed", "moved"},
-                                                          {"cancelled", "moved"}):  # fmt: skip
-            raise ValueError("overrides must be an object with cancelled_packed and moved")
+    def from_json(cls, obj: object, *, packed: bool) -> Overrides:
+        """Parse the JSON form: packed (manifest format 2) or, with ``packed=False``,
+        per-ledger bitmaps (format 1). ``ValueError``/``TypeError`` for anything malformed,
+        the other format's form included (the cancels are unpacked and checked, so damaged
+        bytes are found here)."""
+        forms = ("cancelled", "cancelled_packed")
+        form, other = forms[::-1] if packed else forms
+        if not isinstance(obj, dict):
+            raise ValueError("overrides must be an object")
+        if set(obj) == {other, "moved"}:
+            fmt = 2 if packed else 1
+            raise ValueError(f"overrides in the wrong form for manifest format {fmt}")
+        if set(obj) != {form, "moved"}:
+            raise ValueError(f"overrides must be an object with {form} and moved")
         if not isinstance(obj["moved"], list):
             raise ValueError("overrides: moved must be a list")
         moved = []
@@ -215,16 +221,16 @@ class Overrides:
             if not isinstance(item, list):
                 raise ValueError(f"overrides: bad moved entry {item!r:.80}")
             moved.append(tuple(item))
-        if "cancelled_packed" in obj:
+        if packed:
             text = obj["cancelled_packed"]
             if not isinstance(text, str):
                 raise ValueError("overrides: cancelled_packed must be a base64 string")
             try:
-                packed = base64.b64decode(text, validate=True)
+                blob = base64.b64decode(text, validate=True)
             except ValueError as exc:
                 raise ValueError(f"overrides: cancelled_packed is not base64 ({exc})") from None
-            unpack_cancelled(packed)  # raises on anything malformed
-            return cls(packed, tuple(moved))
+            unpack_cancelled(blob)  # raises on anything malformed
+            return cls(blob, tuple(moved))
         if not isinstance(obj["cancelled"], list):
             raise ValueError("overrides: cancelled must be a list")
         record = []

@@ -586,10 +586,7 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
         overrides = Overrides()
         if isinstance(document, dict) and "overrides" in document:
             document = dict(document)
-            stored = document.pop("overrides")
-            if isinstance(stored, dict) and ("cancelled_packed" in stored) != (fmt == 2):
-                raise ValueError(f"overrides in the wrong form for manifest format {fmt}")
-            overrides = Overrides.from_json(stored)
+            overrides = Overrides.from_json(document.pop("overrides"), packed=fmt == 2)
         f = _fields(document, _MANIFEST_KEYS, "manifest")
         buckets = []
         for obj in _list(f["buckets"], "buckets"):

@@ -103,7 +103,7 @@ class StatsMixin:
             ]  # fmt: skip
             dead_letters = [d.snapshot_id for d in self._catalog.manifest.dead_letters]
             out.update(
-                implementation="native" if _impl.NATIVE else "pure",
+                implementation=_impl.IMPLEMENTATION,
                 build=_impl.BUILD,
                 buckets=len(self._buckets) + 1,
                 sealed_buckets=len(self._buckets),

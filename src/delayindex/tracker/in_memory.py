@@ -292,7 +292,7 @@ class InMemoryTracker(TrackerFront):
         with self._lock:
             out: dict[str, Any] = dict(self._core.counters())
             out.update(
-                implementation="native" if _impl.NATIVE else "pure",
+                implementation=_impl.IMPLEMENTATION,
                 build=_impl.BUILD,
                 memory_bytes=self._core.memory_bytes(),
                 tick_ms=self._core.tick_ms,
