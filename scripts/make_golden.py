@@ -1,11 +1,15 @@
 """Write the golden snapshot files that ``tests/test_golden.py`` checks the codec against.
 
 Builds a small, fully deterministic snapshot and writes, for the current object version ``N``
-(``delayindex.snapshot.codec.OBJECT_VERSION``)::
+(``delayindex.snapshot.codec.OBJECT_VERSION``) and metadata format version ``F``
+(``delayindex.snapshot.format.FORMAT_VERSION``)::
 
-    tests/golden/snapshot-vN.dixs   the encoded object, byte for byte
-    tests/golden/snapshot-vN.json   what it holds: ledger range, per segment min/max/count/ledgers
-                                    and every (deliver_at, ledger, entry) triple in segment order
+    tests/golden/snapshot-vN-fF.dixs  the encoded object, byte for byte
+    tests/golden/snapshot-vN-fF.json  what it holds: ledger range, per segment min/max/count/
+                                      ledgers and every (deliver_at, ledger, entry) triple in
+                                      segment order
+
+(``snapshot-v1`` is object version 1 with format 1, named before formats were numbered.)
 
 The snapshot: the delayed messages of ``generate(600, seed=42, entries_per_ledger=100)`` (the
 realistic mix, about 300 indexes over 6 ledgers) plus one extra ledger whose 100 consecutive
@@ -49,6 +53,10 @@ MAX_TIME_STEP_MS = 300_000
 MAX_INDEXES_PER_SEGMENT = 64
 RUN_LENGTH = 100
 RUN_DELAY_MS = 90_000  # the run ledger's entries are due 90 s after the workload starts
+
+
+#: The current files' name, without suffix (see the module docstring).
+STEM = f"snapshot-v{OBJECT_VERSION}" + ("" if FORMAT_VERSION == 1 else f"-f{FORMAT_VERSION}")
 
 
 def build() -> tuple[bytes, dict[str, Any]]:
@@ -142,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="replace differing files")
     args = parser.parse_args(argv)
     data, description = build()
-    stem = GOLDEN_DIR / f"snapshot-v{OBJECT_VERSION}"
+    stem = GOLDEN_DIR / STEM
     ok = _write(stem.with_suffix(".dixs"), data, args.force)
     ok = _write(stem.with_suffix(".json"), to_json(description).encode(), args.force) and ok
     return 0 if ok else 1

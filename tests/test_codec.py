@@ -12,6 +12,7 @@ Hand-built objects with valid checksums but inconsistent contents cover the sema
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -727,8 +728,38 @@ def _drop_segment_column(m: Any) -> None:
     del m.counts[-1]
 
 
+def _bitmap_list(m: Any) -> list[bytes]:
+    """A format-2 message's bitmaps, one ``bytes`` each."""
+    cuts = np.cumsum([0, *m.bitmap_sizes]).tolist()
+    return [m.bitmap_block[a:b] for a, b in itertools.pairwise(cuts)]
+
+
+def _store_bitmaps(m: Any, bitmaps: list[bytes]) -> None:
+    m.bitmap_block = b"".join(bitmaps)
+    del m.bitmap_sizes[:]
+    m.bitmap_sizes.extend(len(b) for b in bitmaps)
+
+
+def _set_bitmap(index: int, value: bytes) -> Callable[[Any], None]:
+    def mutate(m: Any) -> None:
+        bitmaps = _bitmap_list(m)
+        bitmaps[index] = value
+        _store_bitmaps(m, bitmaps)
+
+    return mutate
+
+
 def _drop_bitmap(m: Any) -> None:
-    del m.bitmaps[-1]
+    _store_bitmaps(m, _bitmap_list(m)[:-1])
+
+
+def _both_bitmap_forms(m: Any) -> None:
+    m.bitmaps.extend(_bitmap_list(m))
+
+
+def _as_format_1_with_block(m: Any) -> None:
+    m.format_version = 1
+    m.bitmaps.extend(_bitmap_list(m))
 
 
 def _swap_ledgers(m: Any) -> None:
@@ -743,7 +774,8 @@ def _no_segments(m: Any) -> None:
         "counts",
         "ledger_counts",
         "ledger_deltas",
-        "bitmaps",
+        "bitmap_block",
+        "bitmap_sizes",
     ):
         m.ClearField(field)
     m.num_messages = 0
@@ -755,7 +787,15 @@ SEMANTIC_CASES: dict[str, Callable[[Any], None]] = {
     "count+1 only": _add("counts", 0, 1),
     "count 0": _set("counts", 0, 0),
     "num_messages+1": lambda m: setattr(m, "num_messages", m.num_messages + 1),
-    "format_version 2": lambda m: setattr(m, "format_version", 2),
+    "format_version 3": lambda m: setattr(m, "format_version", 3),
+    "format_version 1 (format 2 bitmaps)": lambda m: setattr(m, "format_version", 1),
+    "format 1 with a block too": _as_format_1_with_block,
+    "format 2 with format 1 bitmaps too": _both_bitmap_forms,
+    "bitmap size+1": _add("bitmap_sizes", 0, 1),
+    "bitmap size-1": _add("bitmap_sizes", 0, -1),
+    "bitmap sizes missing": lambda m: m.ClearField("bitmap_sizes"),
+    "bitmap block missing": lambda m: m.ClearField("bitmap_block"),
+    "bitmap block byte extra": lambda m: setattr(m, "bitmap_block", m.bitmap_block + b"\x00"),
     "format_version 0": lambda m: setattr(m, "format_version", 0),
     "start > end": lambda m: setattr(m, "start_ledger", m.end_ledger + 1),
     "end beyond int64": lambda m: setattr(m, "end_ledger", 2**63),
@@ -770,10 +810,10 @@ SEMANTIC_CASES: dict[str, Callable[[Any], None]] = {
     "ledger count 0": _set("ledger_counts", 0, 0),
     "segment column shorter": _drop_segment_column,
     "bitmap missing": _drop_bitmap,
-    "bitmap garbage": _set("bitmaps", 0, b"\x00\x01\x02"),
-    "bitmap empty bytes": _set("bitmaps", 0, b""),
-    "bitmap empty set": _set("bitmaps", 0, bytes(BitMap().serialize())),
-    "bitmap other entries": _set("bitmaps", 0, bytes(BitMap([10**6]).serialize())),
+    "bitmap garbage": _set_bitmap(0, b"\x00\x01\x02"),
+    "bitmap empty bytes": _set_bitmap(0, b""),
+    "bitmap empty set": _set_bitmap(0, bytes(BitMap().serialize())),
+    "bitmap other entries": _set_bitmap(0, bytes(BitMap([10**6]).serialize())),
     "no segments": _no_segments,
     "everything cleared": lambda m: m.Clear(),
 }
@@ -889,5 +929,5 @@ def test_position_in_two_segments_is_rejected(
     # Segment 2 is ledger 6 entries {0, 1}; segment 3 is ledger 4 {9} and ledger 7 {1}.
     # Make segment 3's ledger-4 bitmap {1}: position (4, 1) is also in segment 1.
     assert list(message.ledger_counts) == [2, 1, 2]
-    message.bitmaps[3] = bytes(BitMap([1]).serialize())
+    _set_bitmap(3, bytes(BitMap([1]).serialize()))(message)
     _assert_corrupt(_reframed(data, message), "duplicate position")

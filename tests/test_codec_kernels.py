@@ -8,6 +8,7 @@ independent reference; on malformed input both must raise ValueError. Any other 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -145,7 +146,7 @@ def test_roaring_entries_valid(values: list[int], run_optimize: bool) -> None:
     got = _ok("roaring_entries", data)
     assert got.dtype == np.uint32
     assert got.tolist() == sorted(set(values))
-    cards = _ok("roaring_cardinalities", [data, _serialize([1], False)])
+    cards = _ok("roaring_cardinalities", *_block([data, _serialize([1], False)]))
     assert cards.dtype == np.int64 and cards.tolist() == [len(set(values)), 1]
 
 
@@ -197,7 +198,7 @@ def test_roaring_entries_damaged(
     outcome, value = _same("roaring_entries", damaged)
     if damage in ("truncate", "append"):
         assert outcome == "ValueError", f"{damage}: accepted {value!r}"
-    _same("roaring_cardinalities", [_serialize([5], False), damaged])
+    _same("roaring_cardinalities", *_block([_serialize([5], False), damaged]))
 
 
 @given(st.binary(max_size=80))
@@ -220,7 +221,7 @@ def test_roaring_entries_garbage(data: bytes) -> None:
 )
 def test_roaring_entries_short_or_bad_cookie(data: bytes) -> None:
     _rejected("roaring_entries", data)
-    _rejected("roaring_cardinalities", [data])
+    _rejected("roaring_cardinalities", *_block([data]))
 
 
 def test_roaring_run_flag_padding_bits() -> None:
@@ -230,8 +231,18 @@ def test_roaring_run_flag_padding_bits() -> None:
     _rejected("roaring_entries", bytes(data))
 
 
+def _block(bitmaps: list[bytes]) -> tuple[bytes, npt.NDArray[np.int64]]:
+    """The kernels' bitmap block form: the bitmaps back to back, and their offsets."""
+    return b"".join(bitmaps), np.cumsum([0, *map(len, bitmaps)], dtype=np.int64)
+
+
+def _unblock(blob: bytes, offsets: npt.NDArray[np.int64]) -> list[bytes]:
+    cuts = offsets.tolist()
+    return [blob[a:b] for a, b in itertools.pairwise(cuts)]
+
+
 def test_roaring_cardinalities_empty_list_and_types() -> None:
-    assert _ok("roaring_cardinalities", []).tolist() == []
+    assert _ok("roaring_cardinalities", *_block([])).tolist() == []
     with pytest.raises(TypeError):
         _native_module().roaring_entries(None)
     with pytest.raises(TypeError):
@@ -410,7 +421,8 @@ def _kernel_args(metadata: SnapshotMetadata, entries: list[bytes], k: int, j: in
         metadata.counts[a:b],
         metadata.ledger_offsets[a : b + 1],
         metadata.ledgers,
-        metadata.bitmaps,
+        metadata.block.blob,
+        metadata.block.offsets,
     ]
 
 
@@ -496,6 +508,17 @@ def _bump(index: int, delta: int) -> Callable[[npt.NDArray[np.int64]], npt.NDArr
     return change
 
 
+#: A mutation of the bitmaps (as a list of bytes), re-blocked into arguments 8 and 9.
+_BITMAPS = -1
+
+
+def _swap_offsets(offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    out = np.array(offsets, dtype=np.int64)
+    if len(out) > 2 and out[1] < out[2]:
+        out[1], out[2] = out[2], out[1]  # a size goes negative; the ends still match
+    return out
+
+
 _ARG_MUTATIONS: dict[str, tuple[int, Callable[[Any], Any]]] = {
     "counts+1": (5, _bump(0, 1)),
     "counts-1": (5, _bump(-1, -1)),
@@ -509,9 +532,14 @@ _ARG_MUTATIONS: dict[str, tuple[int, Callable[[Any], Any]]] = {
     "offsets short": (6, lambda c: c[:-1]),
     "ledgers reversed": (7, lambda c: np.array(c[::-1], dtype=np.int64)),
     "ledgers negative": (7, lambda c: np.array(c, dtype=np.int64) - 10**6),
-    "bitmaps garbage": (8, lambda b: (b"\x3a\x30\x00\x00", *b[1:])),
-    "bitmaps empty": (8, lambda b: (bytes(BitMap().serialize()), *b[1:])),
-    "bitmaps short": (8, lambda b: b[:-1]),
+    "bitmaps garbage": (_BITMAPS, lambda b: [b"\x3a\x30\x00\x00", *b[1:]]),
+    "bitmaps empty": (_BITMAPS, lambda b: [bytes(BitMap().serialize()), *b[1:]]),
+    "bitmaps short": (_BITMAPS, lambda b: b[:-1]),
+    "bitmap block longer": (8, lambda b: b + b"\x00"),
+    "bitmap block shorter": (8, lambda b: b[:-1]),
+    "bitmap offsets short": (9, lambda c: c[:-1]),
+    "bitmap offsets from 1": (9, lambda c: np.concatenate([[1], c[1:]]).astype(np.int64)),
+    "bitmap offsets decrease": (9, _swap_offsets),
     "lengths+1": (1, _bump(0, 1)),
     "lengths tiny": (1, lambda c: np.minimum(c, 4)),
     "buffer longer": (0, lambda b: b + b"\x00"),
@@ -526,9 +554,16 @@ def test_decode_segments_bad_arguments_agree(
     metadata, _, entries = snap
     args = _kernel_args(metadata, entries, 1, metadata.num_segments + 1)
     position, change = _ARG_MUTATIONS[mutation]
-    args[position] = change(args[position])
+    if position == _BITMAPS:
+        args[8:10] = _block(change(_unblock(args[8], args[9])))
+    else:
+        args[position] = change(args[position])
     outcome, _ = _same("decode_segments", *args)
-    if mutation in ("counts 0", "spans -1", "lengths tiny", "buffer longer", "buffer shorter"):
+    if mutation in (
+        "counts 0", "spans -1", "lengths tiny", "buffer longer", "buffer shorter",
+        "bitmap block longer", "bitmap block shorter", "bitmap offsets short",
+        "bitmap offsets from 1",
+    ):  # fmt: skip
         assert outcome == "ValueError"
 
 
@@ -559,9 +594,9 @@ def test_roaring_check_positions(groups: list[tuple[int, list[int]]]) -> None:
             duplicate |= (ledger, value) in seen
             seen.add((ledger, value))
     if duplicate:
-        _rejected("roaring_check_positions", ledgers, bitmaps)
+        _rejected("roaring_check_positions", ledgers, *_block(bitmaps))
     else:
-        cards = _ok("roaring_check_positions", ledgers, bitmaps)
+        cards = _ok("roaring_check_positions", ledgers, *_block(bitmaps))
         assert cards.tolist() == [len(set(values)) for _, values in groups]
 
 
@@ -589,7 +624,7 @@ def test_decode_segments_slots_rejects_a_position_in_two_segments() -> None:
         np.array([1, 1], dtype=np.int64),
         np.array([0, 1, 2], dtype=np.int64),
         np.array([1, 1], dtype=np.int64),
-        [bitmap, bitmap],
+        *_block([bitmap, bitmap]),
     ]
     _ok("decode_segments", *args)  # without slots the kernel does not look across segments
     _rejected("decode_segments", *args, np.array([0, 0], dtype=np.int64))
@@ -614,7 +649,7 @@ def test_roaring_union_by_ledger(pieces: list[tuple[int, list[int], bool]], dens
         ledgers.append(ledger)
         bitmaps.append(_serialize(fresh, run_optimize))
     ids, offsets, entries = _ok(
-        "roaring_union_by_ledger", np.array(ledgers, dtype=np.int64), bitmaps
+        "roaring_union_by_ledger", np.array(ledgers, dtype=np.int64), *_block(bitmaps)
     )
     expected = {k: sorted(v) for k, v in seen.items()}
     got = {
@@ -626,8 +661,14 @@ def test_roaring_union_by_ledger(pieces: list[tuple[int, list[int], bool]], dens
 
 
 def test_roaring_union_by_ledger_rejects_garbage() -> None:
-    _rejected("roaring_union_by_ledger", np.array([1], dtype=np.int64), [b"junk"])
-    _rejected("roaring_union_by_ledger", np.array([1, 2], dtype=np.int64), [b""])
+    _rejected("roaring_union_by_ledger", np.array([1], dtype=np.int64), *_block([b"junk"]))
+    _rejected("roaring_union_by_ledger", np.array([1, 2], dtype=np.int64), *_block([b""]))
+    good = _serialize([1, 2], False)
+    blob, _offsets = _block([good, good])
+    for bad in ([0, 5, len(blob)], [0, len(blob)], [0, len(good), len(blob) + 1]):
+        # Offsets that split the block badly, miss a bitmap or overrun it.
+        _rejected("roaring_union_by_ledger", np.array([1, 2], dtype=np.int64), blob,
+                  np.array(bad, dtype=np.int64))  # fmt: skip
 
 
 # --- build_segments ------------------------------------------------------------------------------

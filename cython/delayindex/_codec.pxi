@@ -211,20 +211,46 @@ def roaring_entries(const uint8_t[::1] data not None):
     return out
 
 
-def roaring_cardinalities(list bitmaps not None):
-    """Validate each portable roaring bitmap and return their cardinalities (int64 array)."""
-    cdef Py_ssize_t i, n = len(bitmaps)
-    cdef const uint8_t[::1] data
+cdef const uint8_t* block_base(const uint8_t[::1] blob, const int64_t[:] offsets,
+                               Py_ssize_t n) except? NULL:
+    """Check a bitmap block (``n`` portable bitmaps back to back in ``blob``, bitmap ``i`` at
+    ``blob[offsets[i]:offsets[i + 1]]``) and return its base pointer (NULL when empty)."""
+    cdef Py_ssize_t i
+    if offsets.shape[0] != n + 1:
+        raise ValueError("bitmap offsets and bitmaps differ in length")
+    if offsets[0] != 0 or offsets[n] != blob.shape[0]:
+        raise ValueError("bitmap offsets do not span the bitmap block")
+    for i in range(n):
+        if offsets[i + 1] < offsets[i]:
+            raise ValueError("bitmap offsets decrease")
+    return &blob[0] if blob.shape[0] else NULL
+
+
+cdef inline Py_ssize_t block_parse(const uint8_t* base, const int64_t[:] offsets, Py_ssize_t i,
+                                   uint32_t* out, Py_ssize_t cap) except -1:
+    """``roaring_parse`` of bitmap ``i`` of a block checked by ``block_base``."""
+    cdef Py_ssize_t size = offsets[i + 1] - offsets[i]
+    return roaring_parse(base + offsets[i] if size else NULL, size, out, cap)
+
+
+def roaring_cardinalities(const uint8_t[::1] blob not None, const int64_t[:] offsets not None):
+    """Validate each portable roaring bitmap of a block (``blob`` with ``offsets``, one more
+    than the bitmaps) and return their cardinalities (int64 array)."""
+    cdef Py_ssize_t i, n = offsets.shape[0] - 1
+    if n < 0:
+        raise ValueError("bitmap offsets are empty")
+    cdef const uint8_t* base = block_base(blob, offsets, n)
     out = np.empty(n, dtype=np.int64)
     cdef int64_t[::1] view = out
     for i in range(n):
-        data = bitmaps[i]
-        view[i] = roaring_parse(&data[0] if data.shape[0] else NULL, data.shape[0], NULL, 0)
+        view[i] = block_parse(base, offsets, i, NULL, 0)
     return out
 
 
-def roaring_check_positions(const int64_t[:] ledgers not None, list bitmaps not None):
-    """Validate bitmaps aligned with ``ledgers``; fail if a (ledger, entry) appears twice.
+def roaring_check_positions(const int64_t[:] ledgers not None, const uint8_t[::1] blob not None,
+                            const int64_t[:] offsets not None):
+    """Validate a bitmap block (``blob``, ``offsets``) aligned with ``ledgers``; fail if a
+    (ledger, entry) appears twice.
 
     Returns the cardinalities (int64 array). Bitmaps of one ledger that appear several times
     (one per segment) must be disjoint: their entries are marked in a bitset spanning the
@@ -233,14 +259,12 @@ def roaring_check_positions(const int64_t[:] ledgers not None, list bitmaps not 
     cdef Py_ssize_t n = ledgers.shape[0], i, j, a, b, total, got, card, largest = 0
     cdef Py_ssize_t words, bitset_words = 0
     cdef uint32_t low, high, value
-    cdef const uint8_t[::1] data
     cdef uint32_t* buf = NULL
     cdef uint64_t* bitset = NULL
     cdef uint64_t* keys = NULL
     cdef uint64_t* scratch_keys = NULL
     cdef int64_t* scratch = NULL
-    if n != len(bitmaps):
-        raise ValueError("ledgers and bitmaps differ in length")
+    cdef const uint8_t* base = block_base(blob, offsets, n)
     cards = np.zeros(n, dtype=np.int64)
     cdef int64_t[::1] vc = cards
     cdef int64_t[::1] vo = np.argsort(np.asarray(ledgers), kind="stable").astype(np.int64)
@@ -252,9 +276,7 @@ def roaring_check_positions(const int64_t[:] ledgers not None, list bitmaps not 
             b += 1
         total = 0
         for i in range(a, b):
-            data = bitmaps[vo[i]]
-            vc[vo[i]] = roaring_parse(&data[0] if data.shape[0] else NULL, data.shape[0],
-                                      NULL, 0)
+            vc[vo[i]] = block_parse(base, offsets, vo[i], NULL, 0)
             total += vc[vo[i]]
         if b - a > 1 and total > largest:
             largest = total
@@ -273,9 +295,7 @@ def roaring_check_positions(const int64_t[:] ledgers not None, list bitmaps not 
             if b - a > 1:
                 got = 0
                 for i in range(a, b):
-                    data = bitmaps[vo[i]]
-                    card = roaring_parse(&data[0] if data.shape[0] else NULL, data.shape[0],
-                                         buf + got, largest - got)
+                    card = block_parse(base, offsets, vo[i], buf + got, largest - got)
                     got += card
                 low = buf[0]
                 high = buf[0]
@@ -546,13 +566,15 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
                     int64_t first_index, const int64_t[:] mins not None,
                     const int64_t[:] spans not None, const int64_t[:] counts not None,
                     const int64_t[:] ledger_offsets not None, const int64_t[:] ledgers not None,
-                    bitmaps not None, const int64_t[:] slots=None):
+                    const uint8_t[::1] blob not None, const int64_t[:] bitmap_offsets not None,
+                    const int64_t[:] slots=None):
     """Verify and decode consecutive framed segment entries into (time, ledger, entry) order.
 
     ``buffer`` holds the entries back to back (``entry_lengths`` each); entry ``i`` is stored
     object entry ``first_index + i`` (its checksum seed) and is segment ``i`` of the per-segment
     columns ``mins``, ``spans``, ``counts``; its positions are ``ledgers[ledger_offsets[i]:
-    ledger_offsets[i + 1]]`` with the matching ``bitmaps`` (portable roaring bytes).
+    ledger_offsets[i + 1]]`` with the matching bitmaps of the block ``blob``/``bitmap_offsets``
+    (portable roaring bitmaps back to back).
     Returns ``(times, ledgers, entries, offsets)``; segment i is ``offsets[i]:offsets[i+1]``.
 
     With ``slots`` (aligned with ``ledgers``: a dense id per distinct ledger), it also fails if a
@@ -565,7 +587,7 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
     cdef uint32_t stored
     cdef const uint8_t* payload
     cdef Py_ssize_t payload_len
-    cdef const uint8_t[::1] bm
+    cdef const uint8_t* base
     cdef uint64_t* keys = NULL
     cdef int64_t* ls = NULL
     cdef int64_t* es = NULL
@@ -582,8 +604,7 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
     if not (mins.shape[0] == spans.shape[0] == counts.shape[0] == n_seg
             and ledger_offsets.shape[0] == n_seg + 1):
         raise ValueError("per-segment inputs differ in length")
-    if ledgers.shape[0] != len(bitmaps):
-        raise ValueError("ledgers and bitmaps differ in length")
+    base = block_base(blob, bitmap_offsets, ledgers.shape[0])
     for s in range(n_seg):
         if counts[s] < 1 or spans[s] < 0:
             raise ValueError(f"segment {s}: bad count or span")
@@ -646,9 +667,7 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
                 if ledger <= prev_ledger:
                     raise ValueError(f"segment {s}: ledgers not ascending")
                 prev_ledger = ledger
-                bm = bitmaps[i]
-                card = roaring_parse(&bm[0] if bm.shape[0] else NULL, bm.shape[0],
-                                     ent + got, n - got)
+                card = block_parse(base, bitmap_offsets, i, ent + got, n - got)
                 if card == 0 or got + card > n:
                     raise ValueError(f"segment {s}: bitmap cardinality does not match the count")
                 for j in range(got, got + card):
@@ -690,8 +709,10 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
     return out_t, out_l, out_e, offsets
 
 
-def roaring_union_by_ledger(const int64_t[:] ledgers not None, list bitmaps not None):
-    """Union the bitmaps of each ledger: ``(ledger_ids, offsets, entries)``.
+def roaring_union_by_ledger(const int64_t[:] ledgers not None, const uint8_t[::1] blob not None,
+                            const int64_t[:] bitmap_offsets not None):
+    """Union the bitmaps of a block (``blob``, ``bitmap_offsets``) by ledger: ``(ledger_ids,
+    offsets, entries)``.
 
     ``ledger_ids`` ascending; the entries of ``ledger_ids[i]`` are ``entries[offsets[i]:
     offsets[i + 1]]``, ascending uint32. Recovery's hot path: a bucket's live segments hold
@@ -703,20 +724,14 @@ def roaring_union_by_ledger(const int64_t[:] ledgers not None, list bitmaps not 
     cdef Py_ssize_t bitset_words = 0, w
     cdef uint32_t low, high, value
     cdef uint64_t word
-    cdef const uint8_t* data
-    cdef Py_ssize_t size
     cdef uint64_t* bitset = NULL
-    if n != len(bitmaps):
-        raise ValueError("ledgers and bitmaps differ in length")
+    cdef const uint8_t* base = block_base(blob, bitmap_offsets, n)
     order = np.argsort(np.asarray(ledgers), kind="stable").astype(np.int64)
     cdef const int64_t[::1] vo = order
     cards = np.empty(n, dtype=np.int64)
     cdef int64_t[::1] vc = cards
-    bitmaps = [x if type(x) is bytes else bytes(x) for x in bitmaps]
     for i in range(n):
-        data = <const uint8_t*> PyBytes_AS_STRING(bitmaps[i])
-        size = PyBytes_GET_SIZE(bitmaps[i])
-        vc[i] = roaring_parse(data if size else NULL, size, NULL, 0)
+        vc[i] = block_parse(base, bitmap_offsets, i, NULL, 0)
         total += vc[i]
     a = 0
     while a < n:
@@ -742,9 +757,7 @@ def roaring_union_by_ledger(const int64_t[:] ledgers not None, list bitmaps not 
                 b += 1
             got = 0
             for i in range(a, b):
-                data = <const uint8_t*> PyBytes_AS_STRING(bitmaps[vo[i]])
-                size = PyBytes_GET_SIZE(bitmaps[vo[i]])
-                got += roaring_parse(data if size else NULL, size, out + pos + got, vc[vo[i]])
+                got += block_parse(base, bitmap_offsets, vo[i], out + pos + got, vc[vo[i]])
             if b - a > 1 and got > 1:
                 low = high = out[pos]
                 for j in range(got):
@@ -932,9 +945,11 @@ def build_segments(const int64_t[:] times not None, const int64_t[:] ledgers not
     """Sort indexes, cut them into segments and encode each segment's parts, in one pass.
 
     Returns ``(times, ledgers, entries, mins, maxs, counts, ledger_offsets, seg_ledgers,
-    bitmaps, packed)``: the indexes sorted by (time, ledger, entry); per segment its min and max
-    time and count; per (segment, ledger) the ledger id and its portable roaring bitmap (as
-    pyroaring would serialize it after ``run_optimize``); per segment its times bit-packed in
+    blob, bitmap_offsets, packed)``: the indexes sorted by (time, ledger, entry); per segment
+    its min and max time and count; per (segment, ledger) the ledger id and its portable
+    roaring bitmap (as pyroaring would serialize it after ``run_optimize``), all of them back to
+    back in the bytes ``blob``, bitmap ``i`` at ``blob[bitmap_offsets[i]:bitmap_offsets[i + 1]]``;
+    per segment its times bit-packed in
     position order (as ``pack_times``). Positions must be distinct within a segment (checked)
     and ids in range (the caller validates). All the work but the final ``bytes`` objects runs
     without the GIL, so a background seal leaves the other core to the caller.
@@ -957,6 +972,7 @@ def build_segments(const int64_t[:] times not None, const int64_t[:] ledgers not
     cdef uint64_t v, bitpos
     cdef uint8_t* dst
     cdef int64_t[:, ::1] info_view, pieces_view
+    cdef int64_t[::1] bitmap_offsets_view
     if ledgers.shape[0] != n or entries.shape[0] != n:
         raise ValueError("times, ledgers and entries differ in length")
     if max_time_step_ms < 1:
@@ -1064,10 +1080,15 @@ def build_segments(const int64_t[:] times not None, const int64_t[:] ledgers not
         for i in range(n_piece):
             for k in range(3):
                 pieces_view[i, k] = piece_info[3 * i + k]
-        bitmaps = [
-            PyBytes_FromStringAndSize(<char*> bm_buf.data + piece_info[3 * i + 1],
-                                      piece_info[3 * i + 2])
-            for i in range(n_piece)]
+        # The pieces' bitmaps lie back to back in bm_buf: one block, no object per bitmap.
+        bitmap_offsets = np.empty(n_piece + 1, dtype=np.int64)
+        bitmap_offsets_view = bitmap_offsets
+        for i in range(n_piece):
+            bitmap_offsets_view[i] = piece_info[3 * i + 1]
+            if i and piece_info[3 * i + 1] != piece_info[3 * i - 2] + piece_info[3 * i - 1]:
+                raise AssertionError("bitmap pieces are not contiguous")
+        bitmap_offsets_view[n_piece] = <int64_t> bm_buf.size
+        blob = PyBytes_FromStringAndSize(<char*> bm_buf.data, bm_buf.size)
         packed = [
             PyBytes_FromStringAndSize(<char*> pack_buf.data + pack_info[2 * i],
                                       pack_info[2 * i + 1])
@@ -1087,4 +1108,4 @@ def build_segments(const int64_t[:] times not None, const int64_t[:] ledgers not
     offsets = np.zeros(n_seg + 1, dtype=np.int64)
     offsets[1:] = info[:, 3]
     return (t_out, l_out, e_out, info[:, 0].copy(), info[:, 1].copy(), info[:, 2].copy(),
-            offsets, pieces[:, 0].copy(), bitmaps, packed)
+            offsets, pieces[:, 0].copy(), blob, bitmap_offsets, packed)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import array
 import itertools
 import struct
-from collections.abc import Sequence
 from typing import Any
 
 import mmh3
@@ -37,8 +36,28 @@ def roaring_entries(data: bytes) -> npt.NDArray[np.uint32]:
     return np.array(bitmap.to_array(), dtype=np.uint32)
 
 
-def roaring_cardinalities(bitmaps: list[bytes]) -> Int64Array:
-    """Validate each portable roaring bitmap and return their cardinalities (int64 array)."""
+def block_bitmaps(blob: bytes, offsets: Any, n: int | None = None) -> list[bytes]:
+    """The bitmaps of a block (``blob`` with ``offsets``, one more than the bitmaps), checked as
+    the native ``block_base`` checks them: ``n`` of them (if given), spanning the whole blob, in
+    order."""
+    if not isinstance(blob, bytes | bytearray | memoryview):
+        raise TypeError(f"a bytes-like object is required, not {type(blob).__name__!r}")
+    bounds = np.asarray(offsets, dtype=np.int64)
+    if bounds.ndim != 1 or len(bounds) < 1 or (n is not None and len(bounds) != n + 1):
+        raise ValueError("bitmap offsets and bitmaps differ in length")
+    raw = bytes(blob)
+    if int(bounds[0]) != 0 or int(bounds[-1]) != len(raw):
+        raise ValueError("bitmap offsets do not span the bitmap block")
+    if len(bounds) > 1 and bool((np.diff(bounds) < 0).any()):
+        raise ValueError("bitmap offsets decrease")
+    cuts = bounds.tolist()
+    return [raw[a:b] for a, b in itertools.pairwise(cuts)]
+
+
+def roaring_cardinalities(blob: bytes, offsets: Any) -> Int64Array:
+    """Validate each portable roaring bitmap of a block (``blob`` with ``offsets``, one more
+    than the bitmaps) and return their cardinalities (int64 array)."""
+    bitmaps = block_bitmaps(blob, offsets)
     return np.array([len(roaring_entries(b)) for b in bitmaps], dtype=np.int64)
 
 
@@ -95,11 +114,11 @@ def murmur3_32(data: bytes, seed: int) -> int:
     return int(mmh3.hash(bytes(data), seed, signed=False))
 
 
-def roaring_check_positions(ledgers: Int64Array, bitmaps: list[bytes]) -> Int64Array:
-    """Validate bitmaps aligned with ``ledgers``; fail if a (ledger, entry) appears twice."""
-    if len(ledgers) != len(bitmaps):
-        raise ValueError("ledgers and bitmaps differ in length")
-    cards = roaring_cardinalities(bitmaps)
+def roaring_check_positions(ledgers: Int64Array, blob: bytes, offsets: Any) -> Int64Array:
+    """Validate a bitmap block (``blob``, ``offsets``) aligned with ``ledgers``; fail if a
+    (ledger, entry) appears twice."""
+    bitmaps = block_bitmaps(blob, offsets, len(ledgers))
+    cards = np.array([len(roaring_entries(b)) for b in bitmaps], dtype=np.int64)
     seen: dict[int, BitMap] = {}
     for ledger, data in zip(np.asarray(ledgers).tolist(), bitmaps, strict=True):
         bm = BitMap.deserialize(bytes(data))
@@ -133,7 +152,8 @@ def decode_segments(
     counts: Int64Array,
     ledger_offsets: Int64Array,
     ledgers: Int64Array,
-    bitmaps: Sequence[bytes],
+    blob: bytes,
+    bitmap_offsets: Any,
     slots: Int64Array | None = None,
 ) -> tuple[Int64Array, Int64Array, Int64Array, Int64Array]:
     """Verify and decode consecutive framed segment entries into (time, ledger, entry) order.
@@ -146,8 +166,7 @@ def decode_segments(
     n_seg = len(entry_lengths)
     if not (len(mins) == len(spans) == len(counts) == n_seg and len(ledger_offsets) == n_seg + 1):
         raise ValueError("per-segment inputs differ in length")
-    if len(ledgers) != len(bitmaps):
-        raise ValueError("ledgers and bitmaps differ in length")
+    bitmaps = block_bitmaps(blob, bitmap_offsets, len(ledgers))
     if any(int(c) < 1 for c in counts) or any(int(x) < 0 for x in spans):
         raise ValueError("bad count or span")
     if any(int(x) < 5 for x in entry_lengths):
@@ -209,11 +228,11 @@ def decode_segments(
 
 
 def roaring_union_by_ledger(
-    ledgers: Int64Array, bitmaps: list[bytes]
+    ledgers: Int64Array, blob: bytes, bitmap_offsets: Any
 ) -> tuple[Int64Array, Int64Array, npt.NDArray[np.uint32]]:
-    """Union the bitmaps of each ledger: ``(ledger_ids, offsets, entries)`` (see the native)."""
-    if len(ledgers) != len(bitmaps):
-        raise ValueError("ledgers and bitmaps differ in length")
+    """Union the bitmaps of a block (``blob``, ``bitmap_offsets``) by ledger: ``(ledger_ids,
+    offsets, entries)`` (see the native)."""
+    bitmaps = block_bitmaps(blob, bitmap_offsets, len(ledgers))
     union: dict[int, BitMap] = {}
     for ledger, data in zip(np.asarray(ledgers).tolist(), bitmaps, strict=True):
         try:
@@ -283,4 +302,6 @@ def build_segments(
         packed.append(pack_times(seg_t, first, last - first))
         start = stop
     columns = [np.array(c, dtype=np.int64) for c in (mins, maxs, counts, offsets, seg_ledgers)]
-    return (t, lg, en, *columns, bitmaps, packed)
+    bitmap_offsets = np.zeros(len(bitmaps) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in bitmaps], out=bitmap_offsets[1:])
+    return (t, lg, en, *columns, b"".join(bitmaps), bitmap_offsets, packed)

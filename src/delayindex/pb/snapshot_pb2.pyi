@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SnapshotMetadata(_message.Message):
-    __slots__ = ("format_version", "start_ledger", "end_ledger", "num_messages", "min_deliver_at_deltas", "deliver_at_spans", "counts", "ledger_counts", "ledger_deltas", "bitmaps", "index_name", "generation")
+    __slots__ = ("format_version", "start_ledger", "end_ledger", "num_messages", "min_deliver_at_deltas", "deliver_at_spans", "counts", "ledger_counts", "ledger_deltas", "bitmaps", "index_name", "generation", "bitmap_block", "bitmap_sizes")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     START_LEDGER_FIELD_NUMBER: _ClassVar[int]
     END_LEDGER_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,8 @@ class SnapshotMetadata(_message.Message):
     BITMAPS_FIELD_NUMBER: _ClassVar[int]
     INDEX_NAME_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    BITMAP_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    BITMAP_SIZES_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     start_ledger: int
     end_ledger: int
@@ -33,4 +35,6 @@ class SnapshotMetadata(_message.Message):
     bitmaps: _containers.RepeatedScalarFieldContainer[bytes]
     index_name: str
     generation: int
-    def __init__(self, format_version: _Optional[int] = ..., start_ledger: _Optional[int] = ..., end_ledger: _Optional[int] = ..., num_messages: _Optional[int] = ..., min_deliver_at_deltas: _Optional[_Iterable[int]] = ..., deliver_at_spans: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., ledger_counts: _Optional[_Iterable[int]] = ..., ledger_deltas: _Optional[_Iterable[int]] = ..., bitmaps: _Optional[_Iterable[bytes]] = ..., index_name: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+    bitmap_block: bytes
+    bitmap_sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, format_version: _Optional[int] = ..., start_ledger: _Optional[int] = ..., end_ledger: _Optional[int] = ..., num_messages: _Optional[int] = ..., min_deliver_at_deltas: _Optional[_Iterable[int]] = ..., deliver_at_spans: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., ledger_counts: _Optional[_Iterable[int]] = ..., ledger_deltas: _Optional[_Iterable[int]] = ..., bitmaps: _Optional[_Iterable[bytes]] = ..., index_name: _Optional[str] = ..., generation: _Optional[int] = ..., bitmap_block: _Optional[bytes] = ..., bitmap_sizes: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -42,8 +42,9 @@ from delayindex.errors import SnapshotCorruptError
 from delayindex.model import MAX_LEDGER_ID
 from delayindex.pb import snapshot_pb2
 from delayindex.snapshot.format import (
-    FORMAT_VERSION,
+    FORMAT_VERSIONS,
     MAX_SEGMENT_SPAN,
+    BitmapBlock,
     PreparedSegments,
     Segment,
     SegmentList,
@@ -163,6 +164,15 @@ def _metadata_payload(metadata: SnapshotMetadata) -> bytes:
     if len(ledgers):
         firsts = offsets[:-1]
         deltas[firsts] = ledgers[firsts] - metadata.start_ledger
+    # Each format's own bitmap form (re-encoding old metadata keeps its bytes).
+    if metadata.format_version == 1:
+        bitmap_fields: dict[str, Any] = {"bitmaps": metadata.bitmaps}
+    else:
+        block = metadata.block
+        bitmap_fields = {
+            "bitmap_block": block.blob,
+            "bitmap_sizes": np.diff(block.offsets).tolist(),
+        }
     message = snapshot_pb2.SnapshotMetadata(
         format_version=metadata.format_version,
         start_ledger=metadata.start_ledger,
@@ -174,9 +184,9 @@ def _metadata_payload(metadata: SnapshotMetadata) -> bytes:
         counts=metadata.counts.tolist(),
         ledger_counts=np.diff(offsets).tolist(),
         ledger_deltas=deltas.tolist(),
-        bitmaps=metadata.bitmaps,
         index_name=metadata.index_name,
         generation=metadata.generation,
+        **bitmap_fields,
     )
     payload: bytes = message.SerializeToString()
     return payload
@@ -314,8 +324,9 @@ def decode_metadata(entry: bytes, name: str, *, check_bitmaps: bool = True) -> S
 def _metadata_from_message(
     message: snapshot_pb2.SnapshotMetadata, check_bitmaps: bool = True
 ) -> SnapshotMetadata:
-    if message.format_version != FORMAT_VERSION:
-        raise ValueError(f"unsupported format version {message.format_version}")
+    version = message.format_version
+    if version not in FORMAT_VERSIONS:
+        raise ValueError(f"unsupported format version {version}")
     start, end = message.start_ledger, message.end_ledger
     if not start <= end <= MAX_LEDGER_ID:
         raise ValueError(f"bad ledger range [{start}, {end}]")
@@ -348,7 +359,8 @@ def _metadata_from_message(
         raise ValueError("a segment has no ledgers")
     offsets = np.concatenate([[0], np.cumsum(ledger_counts)]).astype(np.int64)
     deltas = np.array(message.ledger_deltas, dtype=np.uint64)
-    if len(deltas) != int(offsets[-1]) or len(message.bitmaps) != len(deltas):
+    block = _bitmap_block(message)
+    if len(deltas) != int(offsets[-1]) or len(block) != len(deltas):
         raise ValueError("ledger columns do not match the ledger counts")
     span = np.uint64(end - start)
     if np.any(deltas > span):
@@ -365,14 +377,13 @@ def _metadata_from_message(
     if np.any(relative > span):
         raise ValueError("a ledger lies outside the bucket's range")
     ledgers = relative.astype(np.int64) + np.int64(start)
-    bitmaps = tuple(message.bitmaps)
     if message.num_messages != int(counts.sum()):
         raise ValueError("num_messages differs from the segment counts")
     index_name = message.index_name
     if index_name and _INDEX_NAME.fullmatch(index_name) is None:
         raise ValueError(f"bad index name {index_name!r}")
     metadata = SnapshotMetadata(
-        start, end, mins, maxs, counts, offsets, ledgers, bitmaps,
+        start, end, mins, maxs, counts, offsets, ledgers, block, version,
         index_name=index_name, generation=message.generation,
     )  # fmt: skip
     if check_bitmaps:
@@ -380,8 +391,24 @@ def _metadata_from_message(
     return metadata
 
 
+def _bitmap_block(message: snapshot_pb2.SnapshotMetadata) -> BitmapBlock:
+    """The message's bitmaps in its format's form (a metadata never carries both forms)."""
+    if message.format_version == 1:
+        if message.bitmap_block or len(message.bitmap_sizes):
+            raise ValueError("format 1 metadata carries a format 2 bitmap block")
+        return BitmapBlock.join(message.bitmaps)
+    if len(message.bitmaps):
+        raise ValueError(f"format {message.format_version} metadata carries format 1 bitmaps")
+    offsets = np.zeros(len(message.bitmap_sizes) + 1, dtype=np.int64)
+    np.cumsum(np.array(message.bitmap_sizes, dtype=np.int64), out=offsets[1:])
+    if int(offsets[-1]) != len(message.bitmap_block):
+        raise ValueError("the bitmap sizes do not add up to the bitmap block")
+    return BitmapBlock(message.bitmap_block, offsets)
+
+
 def _check_bitmaps(metadata: SnapshotMetadata) -> None:
-    cardinality = _impl.roaring_check_positions(metadata.ledgers, list(metadata.bitmaps))
+    block = metadata.block
+    cardinality = _impl.roaring_check_positions(metadata.ledgers, block.blob, block.offsets)
     if np.any(cardinality < 1) or not np.array_equal(
         np.add.reduceat(cardinality, metadata.ledger_offsets[:-1]), metadata.counts
     ):
@@ -431,7 +458,8 @@ def decode_segment_buffer(
             metadata.counts[a:b],
             metadata.ledger_offsets[a : b + 1],
             metadata.ledgers,
-            metadata.bitmaps,
+            metadata.block.blob,
+            metadata.block.offsets,
             np.unique(metadata.ledgers, return_inverse=True)[1].astype(np.int64)
             if check_distinct
             else None,

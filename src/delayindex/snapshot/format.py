@@ -16,6 +16,7 @@ These types never touch protobuf or I/O; ``delayindex.snapshot.codec`` turns the
 from __future__ import annotations
 
 import array
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
@@ -27,7 +28,11 @@ from pyroaring import BitMap
 from delayindex import _impl
 from delayindex.model import MAX_ENTRY_ID, MAX_LEDGER_ID
 
-FORMAT_VERSION = 1
+#: The metadata format written: 2 stores the bitmaps as one compressed block (see
+#: ``docs/snapshot-format.md``); 1 (one protobuf ``bytes`` per bitmap) is still read.
+FORMAT_VERSION = 2
+#: Every metadata format this version reads.
+FORMAT_VERSIONS = (1, 2)
 #: Segment time steps (and so spans) stay below this, far inside int64 arithmetic.
 MAX_SEGMENT_SPAN = 2**62
 
@@ -75,12 +80,62 @@ class SegmentMeta:
     __hash__ = None  # type: ignore[assignment]
 
 
+class BitmapBlock:
+    """Many portable roaring bitmaps back to back in one ``bytes``: bitmap ``i`` is
+    ``blob[offsets[i]:offsets[i + 1]]``.
+
+    One object for a bucket's thousands of small per-(segment, ledger) bitmaps: no Python object
+    per bitmap, so decoding and sealing leave no bursts of small allocations behind (which
+    pinned pymalloc arenas: resident memory 2-3x the live size). ``offsets`` is a read-only
+    int64 array, starting at 0, non-decreasing, ending at ``len(blob)``.
+    """
+
+    __slots__ = ("blob", "offsets")
+
+    def __init__(self, blob: bytes, offsets: Int64Array) -> None:
+        bounds = _frozen(np.asarray(offsets, dtype=np.int64))
+        if bounds.ndim != 1 or len(bounds) < 1:
+            raise ValueError("bitmap offsets must be a 1-d array of at least one element")
+        if int(bounds[0]) != 0 or int(bounds[-1]) != len(blob):
+            raise ValueError("bitmap offsets do not span the bitmap block")
+        if len(bounds) > 1 and bool((np.diff(bounds) < 0).any()):
+            raise ValueError("bitmap offsets decrease")
+        self.blob = bytes(blob)
+        self.offsets = bounds
+
+    @classmethod
+    def join(cls, bitmaps: Sequence[bytes]) -> BitmapBlock:
+        """A block of ``bitmaps`` (each the portable serialization of one bitmap)."""
+        offsets = np.zeros(len(bitmaps) + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in bitmaps], out=offsets[1:])
+        return cls(b"".join(bytes(b) for b in bitmaps), offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> bytes:
+        return self.blob[int(self.offsets[i]) : int(self.offsets[i + 1])]
+
+    def slice(self, start: int, stop: int) -> tuple[bytes, ...]:
+        """Bitmaps ``start..stop - 1`` as separate ``bytes`` (for per-segment views)."""
+        cuts = self.offsets[start : stop + 1].tolist()
+        return tuple(self.blob[a:b] for a, b in itertools.pairwise(cuts))
+
+    def tail(self, start: int) -> BitmapBlock:
+        """The block of bitmaps ``start..``."""
+        if start == 0:
+            return self
+        base = int(self.offsets[start])
+        return BitmapBlock(self.blob[base:], self.offsets[start:] - base)
+
+
 class SnapshotMetadata:
     """Entry 0 of a snapshot: the bucket's ledger range and, per segment, its facts.
 
-    Stored column-wise (numpy arrays, one element per segment; ledgers and bitmaps flat with
-    ``ledger_offsets`` marking each segment's slice) so that snapshots with thousands of tiny
-    segments cost no Python object per segment; :attr:`segments` builds :class:`SegmentMeta`
+    Stored column-wise (numpy arrays, one element per segment; ledgers flat with
+    ``ledger_offsets`` marking each segment's slice, and their bitmaps one :class:`BitmapBlock`)
+    so that snapshots with thousands of tiny segments cost no Python object per segment or
+    bitmap; :attr:`segments` builds :class:`SegmentMeta`
     views on first use. Immutable by convention: the arrays are made read-only.
 
     ``index_name`` and ``generation`` are the object's origin (:meth:`with_origin`): the index
@@ -91,7 +146,7 @@ class SnapshotMetadata:
 
     __slots__ = (
         "_segments",
-        "bitmaps",
+        "block",
         "counts",
         "end_ledger",
         "format_version",
@@ -113,7 +168,7 @@ class SnapshotMetadata:
         counts: Int64Array,
         ledger_offsets: Int64Array,
         ledgers: Int64Array,
-        bitmaps: tuple[bytes, ...],
+        bitmaps: Sequence[bytes] | BitmapBlock,
         format_version: int = FORMAT_VERSION,
         *,
         index_name: str = "",
@@ -130,14 +185,16 @@ class SnapshotMetadata:
         self.counts = _frozen(counts)
         self.ledger_offsets = _frozen(ledger_offsets)
         self.ledgers = _frozen(ledgers)
-        self.bitmaps = tuple(bitmaps)
+        self.block = bitmaps if isinstance(bitmaps, BitmapBlock) else BitmapBlock.join(bitmaps)
+        if format_version not in FORMAT_VERSIONS:
+            raise ValueError(f"unknown metadata format version {format_version}")
         self.format_version = format_version
         self._segments: tuple[SegmentMeta, ...] | None = None
         n = len(self.mins)
         if not (len(self.maxs) == len(self.counts) == n and len(self.ledger_offsets) == n + 1):
             raise ValueError("segment columns differ in length")
         n_ledgers = len(self.ledgers)
-        if n_ledgers != len(self.bitmaps) or int(self.ledger_offsets[-1]) != n_ledgers:
+        if n_ledgers != len(self.block) or int(self.ledger_offsets[-1]) != n_ledgers:
             raise ValueError("ledgers, bitmaps and ledger_offsets do not line up")
 
     @classmethod
@@ -154,7 +211,7 @@ class SnapshotMetadata:
             np.array([s.count for s in segments], dtype=np.int64),
             offsets,
             np.array([lg for s in segments for lg in s.ledgers], dtype=np.int64),
-            tuple(b for s in segments for b in s.bitmaps),
+            BitmapBlock.join([b for s in segments for b in s.bitmaps]),
         )
 
     def with_origin(self, index_name: str, generation: int) -> SnapshotMetadata:
@@ -188,7 +245,7 @@ class SnapshotMetadata:
             and self.counts is other.counts
             and self.ledger_offsets is other.ledger_offsets
             and self.ledgers is other.ledgers
-            and self.bitmaps is other.bitmaps
+            and self.block is other.block
             and (self.start_ledger, self.end_ledger) == (other.start_ledger, other.end_ledger)
         )
 
@@ -199,7 +256,7 @@ class SnapshotMetadata:
             offsets = self.ledger_offsets.tolist()
             ledgers = self.ledgers.tolist()
             self._segments = tuple(
-                SegmentMeta(low, high, count, tuple(ledgers[a:b]), self.bitmaps[a:b])
+                SegmentMeta(low, high, count, tuple(ledgers[a:b]), self.block.slice(a, b))
                 for low, high, count, a, b in zip(
                     self.mins.tolist(),
                     self.maxs.tolist(),
@@ -210,6 +267,12 @@ class SnapshotMetadata:
                 )
             )
         return self._segments
+
+    @property
+    def bitmaps(self) -> tuple[bytes, ...]:
+        """Every bitmap as its own ``bytes``, segment after segment (built on each call: tools
+        and tests; the hot paths read :attr:`block`)."""
+        return self.block.slice(0, len(self.block))
 
     @property
     def num_messages(self) -> int:
@@ -241,7 +304,8 @@ class SnapshotMetadata:
         Parsed and merged in one native call: a bucket holds thousands of small bitmaps.
         """
         start = int(self.ledger_offsets[max(first_segment, 1) - 1]) if self.num_segments else 0
-        return _impl.roaring_union_by_ledger(self.ledgers[start:], list(self.bitmaps[start:]))
+        block = self.block.tail(start)
+        return _impl.roaring_union_by_ledger(self.ledgers[start:], block.blob, block.offsets)
 
     def ledger_bitmaps(self, first_segment: int = 1) -> dict[int, BitMap]:
         """Union of the per-ledger bitmaps of segments ``first_segment..`` (recovery's set)."""
@@ -493,10 +557,10 @@ def build_snapshot(
         sorted_l, sorted_e = lg[by_position], en[by_position]
         if np.any((sorted_l[1:] == sorted_l[:-1]) & (sorted_e[1:] == sorted_e[:-1])):
             raise ValueError("the same position appears twice")
-    t, lg, en, mins, maxs, counts, offsets, seg_ledgers, bitmaps, packed = _impl.build_segments(
-        t, lg, en, max_time_step_ms, max_indexes_per_segment
-    )
-    metadata = SnapshotMetadata(low, high, mins, maxs, counts, offsets, seg_ledgers, bitmaps)
+    built = _impl.build_segments(t, lg, en, max_time_step_ms, max_indexes_per_segment)
+    t, lg, en, mins, maxs, counts, offsets, seg_ledgers, blob, bitmap_offsets, packed = built
+    block = BitmapBlock(blob, bitmap_offsets)
+    metadata = SnapshotMetadata(low, high, mins, maxs, counts, offsets, seg_ledgers, block)
     bounds = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=bounds[1:])
     return metadata, PreparedSegments(t, lg, en, bounds, packed, metadata)
