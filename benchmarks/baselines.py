@@ -55,7 +55,7 @@ import numpy.typing as npt
 from sortedcontainers import SortedList
 
 from delayindex import NATIVE, DelayIndex, FileStorage, InMemoryTracker, ManualClock, Position
-from delayindex._memory import release_free_memory
+from delayindex._memory import release_free_memory, tune_allocator
 from delayindex.dump import iter_generated
 
 Int64Array = npt.NDArray[np.int64]
@@ -380,6 +380,7 @@ return due
 #: Memory probe variants: how the tracker is built and filled.
 PROBE_VARIANTS: tuple[str, ...] = (
     "delay_index-add_many",
+    "delay_index-add_many-tuned",
     "delay_index-pure-add_many",
     "in_memory-add_many",
     "in_memory-add",
@@ -425,6 +426,11 @@ def probe_main(argv: Sequence[str]) -> None:
         raise SystemExit(f"unknown variant {variant!r}; expected one of {PROBE_VARIANTS}")
     if "-pure" in variant and NATIVE:
         raise SystemExit(f"{variant} needs DELAYINDEX_NO_EXTENSIONS=1 (the pure build)")
+    if variant.endswith("-tuned"):
+        tune_allocator()  # before the workload allocates: the process's malloc settings
+        variant_kind = variant.removesuffix("-tuned")
+    else:
+        variant_kind = variant
     columns = delayed_subset(n)
     clock = ManualClock(0)  # every realistic deliver_at (year 2026) is far in its future
     store = tempfile.TemporaryDirectory(prefix="delayindex-probe-")
@@ -442,7 +448,7 @@ def probe_main(argv: Sequence[str]) -> None:
     gc.collect()
     release_free_memory()
     before = _rss_bytes()
-    if variant.endswith("add_many"):
+    if variant_kind.endswith("add_many"):
         for start in range(0, n, _BATCH_ROWS):
             tracker.add_many(*(column[start : start + _BATCH_ROWS] for column in columns))
     else:

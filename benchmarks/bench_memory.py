@@ -13,7 +13,9 @@ environment plus ``DELAYINDEX_NO_EXTENSIONS=1`` for the pure build, ``PYTHONPATH
    ``memory_usage_bytes() / len``.
 
 Variants: ``delay_index-add_many`` (DelayIndex with default settings on FileStorage,
-``add_many`` in batches of 100 000 rows, then ``flush()``) and the same on the pure build,
+``add_many`` in batches of 100 000 rows, then ``flush()``), the same in a process that called
+``delayindex.tune_allocator()`` first (``-tuned``: glibc's mmap threshold pinned) and the same on
+the pure build,
 ``in_memory-add_many``, ``in_memory-add`` (per-call ``add``), ``in_memory-pure-add_many``, and
 the baselines ``heapq`` (``HeapqSetTracker``) and ``sortedlist`` (``SortedListSetTracker``), per-
 call ``add``. Both RSS readings follow ``gc.collect()`` and ``malloc_trim`` (freed heap pages back
@@ -52,6 +54,7 @@ PROBE_CODE = "import sys, baselines; baselines.probe_main(sys.argv[1:])"
 #: Probe variant -> (kind, label).
 VARIANTS: dict[str, tuple[str, str]] = {
     "delay_index-add_many": ("delay_index", "DelayIndex add_many"),
+    "delay_index-add_many-tuned": ("delay_index", "DelayIndex add_many, tune_allocator()"),
     "delay_index-pure-add_many": ("delay_index-pure", "DelayIndex (pure build) add_many"),
     "in_memory-add_many": ("in_memory", "InMemoryTracker add_many"),
     "in_memory-add": ("in_memory", "InMemoryTracker add"),

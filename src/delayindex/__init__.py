@@ -4,6 +4,7 @@ The public API is re-exported here; everything else is internal.
 """
 
 from delayindex._impl import NATIVE, wall_clock_ms
+from delayindex._memory import tune_allocator
 from delayindex._version import __version__
 from delayindex.clock import ManualClock
 from delayindex.config import TrackerConfig
@@ -48,5 +49,6 @@ __all__ = [
     "TrackerClosedError",
     "TrackerConfig",
     "__version__",
+    "tune_allocator",
     "wall_clock_ms",
 ]

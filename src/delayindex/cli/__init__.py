@@ -104,6 +104,7 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from delayindex import __version__, _impl
+from delayindex._memory import tune_allocator
 from delayindex.cli import bench, demo, gendump, rebuild, repair, schedule, shared, store
 from delayindex.cli._common import (
     EXIT_CHECK_FAILED,
@@ -154,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``delayindex`` command; returns the exit code."""
     args = build_parser().parse_args(argv)
+    # The command is its own process: rebuilds, demos and benches seal and merge big indexes,
+    # so pin glibc's mmap threshold (see delayindex._memory) before they allocate.
+    tune_allocator()
     return int(args.func(args, Console()))
 
 
