@@ -213,24 +213,25 @@ def roaring_entries(const uint8_t[::1] data not None):
 
 cdef const uint8_t* block_base(const uint8_t[::1] blob, const int64_t[:] offsets,
                                Py_ssize_t n) except? NULL:
-    """Check a bitmap block (``n`` portable bitmaps back to back in ``blob``, bitmap ``i`` at
-    ``blob[offsets[i]:offsets[i + 1]]``) and return its base pointer (NULL when empty)."""
-    cdef Py_ssize_t i
+    """Check the frame of a bitmap block (``n`` portable bitmaps back to back in ``blob``,
+    bitmap ``i`` at ``blob[offsets[i]:offsets[i + 1]]``) and return its base pointer (NULL when
+    empty). O(1): each bitmap's own bounds are checked when it is parsed (``block_parse``), so
+    reading a few segments of a large bucket costs nothing per bitmap it does not read."""
     if offsets.shape[0] != n + 1:
         raise ValueError("bitmap offsets and bitmaps differ in length")
     if offsets[0] != 0 or offsets[n] != blob.shape[0]:
         raise ValueError("bitmap offsets do not span the bitmap block")
-    for i in range(n):
-        if offsets[i + 1] < offsets[i]:
-            raise ValueError("bitmap offsets decrease")
     return &blob[0] if blob.shape[0] else NULL
 
 
 cdef inline Py_ssize_t block_parse(const uint8_t* base, const int64_t[:] offsets, Py_ssize_t i,
-                                   uint32_t* out, Py_ssize_t cap) except -1:
-    """``roaring_parse`` of bitmap ``i`` of a block checked by ``block_base``."""
-    cdef Py_ssize_t size = offsets[i + 1] - offsets[i]
-    return roaring_parse(base + offsets[i] if size else NULL, size, out, cap)
+                                   uint32_t* out, Py_ssize_t cap) except -2:
+    """``roaring_parse`` of bitmap ``i`` of a block framed by ``block_base``."""
+    cdef int64_t start = offsets[i], stop = offsets[i + 1]
+    # Within the block: offsets[0] == 0 and offsets[n] == its length were checked.
+    if not 0 <= start <= stop <= offsets[offsets.shape[0] - 1]:
+        raise ValueError("bitmap offsets decrease or leave the block")
+    return roaring_parse(base + start if stop > start else NULL, stop - start, out, cap)
 
 
 def roaring_cardinalities(const uint8_t[::1] blob not None, const int64_t[:] offsets not None):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import array
 import itertools
 import struct
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, overload
 
 import mmh3
 import numpy as np
@@ -36,10 +37,37 @@ def roaring_entries(data: bytes) -> npt.NDArray[np.uint32]:
     return np.array(bitmap.to_array(), dtype=np.uint32)
 
 
-def block_bitmaps(blob: bytes, offsets: Any, n: int | None = None) -> list[bytes]:
-    """The bitmaps of a block (``blob`` with ``offsets``, one more than the bitmaps), checked as
-    the native ``block_base`` checks them: ``n`` of them (if given), spanning the whole blob, in
-    order."""
+class _Block(Sequence[bytes]):
+    """The bitmaps of a block, each one's bounds checked when it is read (as the native
+    ``block_parse`` does: a batch reading a few segments pays nothing for the others)."""
+
+    def __init__(self, raw: bytes, cuts: list[int]) -> None:
+        self._raw = raw
+        self._cuts = cuts
+
+    def __len__(self) -> int:
+        return len(self._cuts) - 1
+
+    @overload
+    def __getitem__(self, i: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[bytes]: ...
+
+    def __getitem__(self, i: int | slice) -> bytes | Sequence[bytes]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        start, stop = self._cuts[i], self._cuts[i + 1]
+        if not 0 <= start <= stop <= self._cuts[-1]:
+            raise ValueError("bitmap offsets decrease or leave the block")
+        return self._raw[start:stop]
+
+
+def block_bitmaps(blob: bytes, offsets: Any, n: int | None = None) -> Sequence[bytes]:
+    """The bitmaps of a block (``blob`` with ``offsets``, one more than the bitmaps), framed as
+    the native ``block_base`` checks it: ``n`` of them (if given), spanning the whole blob."""
     if not isinstance(blob, bytes | bytearray | memoryview):
         raise TypeError(f"a bytes-like object is required, not {type(blob).__name__!r}")
     bounds = np.asarray(offsets, dtype=np.int64)
@@ -48,10 +76,7 @@ def block_bitmaps(blob: bytes, offsets: Any, n: int | None = None) -> list[bytes
     raw = bytes(blob)
     if int(bounds[0]) != 0 or int(bounds[-1]) != len(raw):
         raise ValueError("bitmap offsets do not span the bitmap block")
-    if len(bounds) > 1 and bool((np.diff(bounds) < 0).any()):
-        raise ValueError("bitmap offsets decrease")
-    cuts = bounds.tolist()
-    return [raw[a:b] for a, b in itertools.pairwise(cuts)]
+    return _Block(raw, bounds.tolist())
 
 
 def roaring_cardinalities(blob: bytes, offsets: Any) -> Int64Array:
