@@ -25,6 +25,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pyroaring import BitMap
 
+from delayindex import _impl
+from delayindex._pure import codec as pure_codec
 from delayindex.errors import SnapshotCorruptError
 from delayindex.model import MAX_ENTRY_ID, MAX_LEDGER_ID
 from delayindex.pb import snapshot_pb2
@@ -36,6 +38,7 @@ from delayindex.snapshot.codec import (
     decode_snapshot,
     encode_snapshot,
     pack_object,
+    pack_varints,
     split_object,
 )
 from delayindex.snapshot.format import Segment, SnapshotMetadata, build_snapshot, cut_segments
@@ -728,16 +731,38 @@ def _drop_segment_column(m: Any) -> None:
     del m.counts[-1]
 
 
+def _sizes(m: Any) -> list[int]:
+    """A format-2 message's bitmap sizes (unsigned LEB128 varints, back to back)."""
+    sizes, pos, data = [], 0, m.bitmap_sizes
+    while pos < len(data):
+        value, shift = 0, 0
+        while True:
+            value |= (data[pos] & 0x7F) << shift
+            pos, shift = pos + 1, shift + 7
+            if data[pos - 1] < 0x80:
+                break
+        sizes.append(value)
+    return sizes
+
+
 def _bitmap_list(m: Any) -> list[bytes]:
     """A format-2 message's bitmaps, one ``bytes`` each."""
-    cuts = np.cumsum([0, *m.bitmap_sizes]).tolist()
+    cuts = np.cumsum([0, *_sizes(m)]).tolist()
     return [m.bitmap_block[a:b] for a, b in itertools.pairwise(cuts)]
 
 
 def _store_bitmaps(m: Any, bitmaps: list[bytes]) -> None:
     m.bitmap_block = b"".join(bitmaps)
-    del m.bitmap_sizes[:]
-    m.bitmap_sizes.extend(len(b) for b in bitmaps)
+    m.bitmap_sizes = pack_varints([len(b) for b in bitmaps])
+
+
+def _resize_first(delta: int) -> Callable[[Any], None]:
+    def mutate(m: Any) -> None:
+        sizes = _sizes(m)
+        sizes[0] += delta
+        m.bitmap_sizes = pack_varints(sizes)
+
+    return mutate
 
 
 def _set_bitmap(index: int, value: bytes) -> Callable[[Any], None]:
@@ -791,8 +816,14 @@ SEMANTIC_CASES: dict[str, Callable[[Any], None]] = {
     "format_version 1 (format 2 bitmaps)": lambda m: setattr(m, "format_version", 1),
     "format 1 with a block too": _as_format_1_with_block,
     "format 2 with format 1 bitmaps too": _both_bitmap_forms,
-    "bitmap size+1": _add("bitmap_sizes", 0, 1),
-    "bitmap size-1": _add("bitmap_sizes", 0, -1),
+    "bitmap size+1": _resize_first(1),
+    "bitmap size-1": _resize_first(-1),
+    "bitmap sizes one short": lambda m: setattr(m, "bitmap_sizes", m.bitmap_sizes[:-1]),
+    "bitmap sizes one extra": lambda m: setattr(m, "bitmap_sizes", m.bitmap_sizes + b"\x00"),
+    "bitmap size truncated varint": lambda m: setattr(m, "bitmap_sizes", b"\x80"),
+    "bitmap size 2**63": lambda m: setattr(
+        m, "bitmap_sizes", b"\xff" * 8 + b"\x80\x01" + m.bitmap_sizes[1:]
+    ),
     "bitmap sizes missing": lambda m: m.ClearField("bitmap_sizes"),
     "bitmap block missing": lambda m: m.ClearField("bitmap_block"),
     "bitmap block byte extra": lambda m: setattr(m, "bitmap_block", m.bitmap_block + b"\x00"),
@@ -931,3 +962,28 @@ def test_position_in_two_segments_is_rejected(
     assert list(message.ledger_counts) == [2, 1, 2]
     _set_bitmap(3, bytes(BitMap([1]).serialize()))(message)
     _assert_corrupt(_reframed(data, message), "duplicate position")
+
+
+@given(st.lists(st.integers(0, 2**63 - 1), max_size=50))
+def test_pack_varints_round_trips(values: list[int]) -> None:
+    data = pack_varints(np.array(values, dtype=np.int64))
+    native = _impl.native_module_or_none()
+    for kernels in (pure_codec, *([native] if native is not None else [])):
+        got, end = kernels.read_varints(data, 0, len(values))
+        assert got.tolist() == values and end == len(data)
+    # The protobuf encoding of a packed field, which this replaces, is the same bytes.
+    assert data == b"".join(_leb128(v) for v in values)
+
+
+def _leb128(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((value & 0x7F) | (0x80 if value >= 0x80 else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+def test_pack_varints_refuses_negatives() -> None:
+    with pytest.raises(ValueError, match="varints must be >= 0"):
+        pack_varints(np.array([1, -1], dtype=np.int64))

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64\x65layindex/pb/snapshot.proto\x12\x10\x64\x65layindex.pb.v1\"\xde\x02\n\x10SnapshotMetadata\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x14\n\x0cstart_ledger\x18\x02 \x01(\x04\x12\x12\n\nend_ledger\x18\x03 \x01(\x04\x12\x14\n\x0cnum_messages\x18\x04 \x01(\x04\x12!\n\x15min_deliver_at_deltas\x18\x05 \x03(\x12\x42\x02\x10\x01\x12\x1c\n\x10\x64\x65liver_at_spans\x18\x06 \x03(\x04\x42\x02\x10\x01\x12\x12\n\x06\x63ounts\x18\x07 \x03(\rB\x02\x10\x01\x12\x19\n\rledger_counts\x18\x08 \x03(\rB\x02\x10\x01\x12\x19\n\rledger_deltas\x18\t \x03(\x04\x42\x02\x10\x01\x12\x0f\n\x07\x62itmaps\x18\n \x03(\x0c\x12\x12\n\nindex_name\x18\x0b \x01(\t\x12\x12\n\ngeneration\x18\x0c \x01(\x04\x12\x14\n\x0c\x62itmap_block\x18\r \x01(\x0c\x12\x18\n\x0c\x62itmap_sizes\x18\x0e \x03(\rB\x02\x10\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64\x65layindex/pb/snapshot.proto\x12\x10\x64\x65layindex.pb.v1\"\xda\x02\n\x10SnapshotMetadata\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x14\n\x0cstart_ledger\x18\x02 \x01(\x04\x12\x12\n\nend_ledger\x18\x03 \x01(\x04\x12\x14\n\x0cnum_messages\x18\x04 \x01(\x04\x12!\n\x15min_deliver_at_deltas\x18\x05 \x03(\x12\x42\x02\x10\x01\x12\x1c\n\x10\x64\x65liver_at_spans\x18\x06 \x03(\x04\x42\x02\x10\x01\x12\x12\n\x06\x63ounts\x18\x07 \x03(\rB\x02\x10\x01\x12\x19\n\rledger_counts\x18\x08 \x03(\rB\x02\x10\x01\x12\x19\n\rledger_deltas\x18\t \x03(\x04\x42\x02\x10\x01\x12\x0f\n\x07\x62itmaps\x18\n \x03(\x0c\x12\x12\n\nindex_name\x18\x0b \x01(\t\x12\x12\n\ngeneration\x18\x0c \x01(\x04\x12\x14\n\x0c\x62itmap_block\x18\r \x01(\x0c\x12\x14\n\x0c\x62itmap_sizes\x18\x0e \x01(\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,8 +42,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SNAPSHOTMETADATA'].fields_by_name['ledger_counts']._serialized_options = b'\020\001'
   _globals['_SNAPSHOTMETADATA'].fields_by_name['ledger_deltas']._loaded_options = None
   _globals['_SNAPSHOTMETADATA'].fields_by_name['ledger_deltas']._serialized_options = b'\020\001'
-  _globals['_SNAPSHOTMETADATA'].fields_by_name['bitmap_sizes']._loaded_options = None
-  _globals['_SNAPSHOTMETADATA'].fields_by_name['bitmap_sizes']._serialized_options = b'\020\001'
   _globals['_SNAPSHOTMETADATA']._serialized_start=51
-  _globals['_SNAPSHOTMETADATA']._serialized_end=401
+  _globals['_SNAPSHOTMETADATA']._serialized_end=397
 # @@protoc_insertion_point(module_scope)

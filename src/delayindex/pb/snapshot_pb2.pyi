@@ -36,5 +36,5 @@ class SnapshotMetadata(_message.Message):
     index_name: str
     generation: int
     bitmap_block: bytes
-    bitmap_sizes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, format_version: _Optional[int] = ..., start_ledger: _Optional[int] = ..., end_ledger: _Optional[int] = ..., num_messages: _Optional[int] = ..., min_deliver_at_deltas: _Optional[_Iterable[int]] = ..., deliver_at_spans: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., ledger_counts: _Optional[_Iterable[int]] = ..., ledger_deltas: _Optional[_Iterable[int]] = ..., bitmaps: _Optional[_Iterable[bytes]] = ..., index_name: _Optional[str] = ..., generation: _Optional[int] = ..., bitmap_block: _Optional[bytes] = ..., bitmap_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+    bitmap_sizes: bytes
+    def __init__(self, format_version: _Optional[int] = ..., start_ledger: _Optional[int] = ..., end_ledger: _Optional[int] = ..., num_messages: _Optional[int] = ..., min_deliver_at_deltas: _Optional[_Iterable[int]] = ..., deliver_at_spans: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., ledger_counts: _Optional[_Iterable[int]] = ..., ledger_deltas: _Optional[_Iterable[int]] = ..., bitmaps: _Optional[_Iterable[bytes]] = ..., index_name: _Optional[str] = ..., generation: _Optional[int] = ..., bitmap_block: _Optional[bytes] = ..., bitmap_sizes: _Optional[bytes] = ...) -> None: ...

@@ -171,7 +171,7 @@ def _metadata_payload(metadata: SnapshotMetadata) -> bytes:
         block = metadata.block
         bitmap_fields = {
             "bitmap_block": block.blob,
-            "bitmap_sizes": np.diff(block.offsets).tolist(),
+            "bitmap_sizes": pack_varints(np.diff(block.offsets)),
         }
     message = snapshot_pb2.SnapshotMetadata(
         format_version=metadata.format_version,
@@ -190,6 +190,25 @@ def _metadata_payload(metadata: SnapshotMetadata) -> bytes:
     )
     payload: bytes = message.SerializeToString()
     return payload
+
+
+def pack_varints(values: npt.ArrayLike) -> bytes:
+    """Non-negative int64 values as unsigned LEB128 varints back to back (vectorized; the
+    inverse of the ``read_varints`` kernel)."""
+    v = np.asarray(values, dtype=np.int64)
+    if len(v) and int(v.min()) < 0:
+        raise ValueError("varints must be >= 0")
+    u = v.astype(np.uint64)
+    sizes = np.ones(len(u), dtype=np.int64)
+    for k in range(1, 10):
+        sizes += u >= np.uint64(1 << (7 * k))
+    starts = np.cumsum(sizes) - sizes
+    out = np.empty(int(sizes.sum()), dtype=np.uint8)
+    for k in range(int(sizes.max()) if len(sizes) else 0):
+        has = sizes > k
+        low7 = ((u[has] >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
+        out[starts[has] + k] = low7 | ((sizes[has] > k + 1).astype(np.uint8) << np.uint8(7))
+    return out.tobytes()
 
 
 def _check_segment_matches(meta: Any, segment: Segment, number: int) -> None:
@@ -359,8 +378,10 @@ def _metadata_from_message(
         raise ValueError("a segment has no ledgers")
     offsets = np.concatenate([[0], np.cumsum(ledger_counts)]).astype(np.int64)
     deltas = np.array(message.ledger_deltas, dtype=np.uint64)
-    block = _bitmap_block(message)
-    if len(deltas) != int(offsets[-1]) or len(block) != len(deltas):
+    if len(deltas) != int(offsets[-1]):
+        raise ValueError("ledger columns do not match the ledger counts")
+    block = _bitmap_block(message, len(deltas))
+    if len(block) != len(deltas):
         raise ValueError("ledger columns do not match the ledger counts")
     span = np.uint64(end - start)
     if np.any(deltas > span):
@@ -391,17 +412,22 @@ def _metadata_from_message(
     return metadata
 
 
-def _bitmap_block(message: snapshot_pb2.SnapshotMetadata) -> BitmapBlock:
-    """The message's bitmaps in its format's form (a metadata never carries both forms)."""
+def _bitmap_block(message: snapshot_pb2.SnapshotMetadata, count: int) -> BitmapBlock:
+    """The message's ``count`` bitmaps (one per ledger entry) in its format's form (a metadata
+    never carries both forms)."""
     if message.format_version == 1:
         if message.bitmap_block or len(message.bitmap_sizes):
             raise ValueError("format 1 metadata carries a format 2 bitmap block")
         return BitmapBlock.join(message.bitmaps)
     if len(message.bitmaps):
         raise ValueError(f"format {message.format_version} metadata carries format 1 bitmaps")
-    offsets = np.zeros(len(message.bitmap_sizes) + 1, dtype=np.int64)
-    np.cumsum(np.array(message.bitmap_sizes, dtype=np.int64), out=offsets[1:])
-    if int(offsets[-1]) != len(message.bitmap_block):
+    packed = message.bitmap_sizes
+    sizes, end = _impl.read_varints(packed, 0, count)
+    if end != len(packed):
+        raise ValueError("the bitmap sizes do not match the ledger counts")
+    offsets = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])  # sizes < 2**63 each; their sum is checked next
+    if int(offsets[-1]) != len(message.bitmap_block) or bool((offsets[1:] < offsets[:-1]).any()):
         raise ValueError("the bitmap sizes do not add up to the bitmap block")
     return BitmapBlock(message.bitmap_block, offsets)
 
