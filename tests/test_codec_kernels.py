@@ -42,6 +42,7 @@ TESTED = {
     "roaring_check_positions",
     "roaring_entries",
     "roaring_union_by_ledger",
+    "unpack_segment_times",
 }
 
 
@@ -628,6 +629,64 @@ def test_decode_segments_slots_rejects_a_position_in_two_segments() -> None:
     ]
     _ok("decode_segments", *args)  # without slots the kernel does not look across segments
     _rejected("decode_segments", *args, np.array([0, 0], dtype=np.int64))
+
+
+# --- unpack_segment_times ----------------------------------------------------------------------
+
+
+def _times_args(args: list[Any]) -> list[Any]:
+    """``unpack_segment_times``'s arguments from ``decode_segments``' (no positions)."""
+    return args[:6]
+
+
+def _sorted_per_segment(times: npt.NDArray[np.int64], counts: Any) -> list[list[int]]:
+    cuts = np.cumsum([0, *np.asarray(counts).tolist()]).tolist()
+    return [sorted(times[a:b].tolist()) for a, b in itertools.pairwise(cuts)]
+
+
+@given(_snapshots(), st.data())
+def test_unpack_segment_times_matches_the_full_decode(
+    snap: tuple[SnapshotMetadata, list[Segment], list[bytes]], data: st.DataObject
+) -> None:
+    metadata, segments, entries = snap
+    n = metadata.num_segments
+    first = data.draw(st.integers(1, n + 1))
+    for k, j in [(1, n + 1), (first, data.draw(st.integers(first, n + 1)))]:
+        args = _kernel_args(metadata, entries, k, j)
+        times = _ok("unpack_segment_times", *_times_args(args))
+        want = [sorted(s.times.tolist()) for s in segments[k - 1 : j - 1]]
+        assert _sorted_per_segment(times, args[5]) == want
+
+
+@given(_snapshots(), st.data())
+def test_unpack_segment_times_checks_every_entry(
+    snap: tuple[SnapshotMetadata, list[Segment], list[bytes]], data: st.DataObject
+) -> None:
+    metadata, _, entries = snap
+    n = metadata.num_segments
+    args = _times_args(_kernel_args(metadata, entries, 1, n + 1))
+    buffer = bytearray(args[0])
+    buffer[data.draw(st.integers(0, len(buffer) - 1))] ^= 1 << data.draw(st.integers(0, 7))
+    _rejected("unpack_segment_times", bytes(buffer), *args[1:])
+    shifted = list(args)
+    shifted[2] = data.draw(st.sampled_from([0, 2, n + 1, 2**31]))
+    _rejected("unpack_segment_times", *shifted)
+
+
+@given(
+    _snapshots(),
+    st.sampled_from(sorted(m for m, (pos, _) in _ARG_MUTATIONS.items() if 0 <= pos < 6)),
+)
+def test_unpack_segment_times_bad_arguments_agree(
+    snap: tuple[SnapshotMetadata, list[Segment], list[bytes]], mutation: str
+) -> None:
+    metadata, _, entries = snap
+    args = _times_args(_kernel_args(metadata, entries, 1, metadata.num_segments + 1))
+    position, change = _ARG_MUTATIONS[mutation]
+    args[position] = change(args[position])
+    outcome, _ = _same("unpack_segment_times", *args)
+    if mutation in ("counts 0", "spans -1", "lengths tiny", "buffer longer", "buffer shorter"):
+        assert outcome == "ValueError"
 
 
 # --- roaring_union_by_ledger ---------------------------------------------------------------------

@@ -198,6 +198,36 @@ def test_segment_runs_concatenate_the_ranges(backend: Backend, snap: Snapshot) -
         backend.storage.get_segment_runs("missing", [(1, 1)])
 
 
+def test_segment_times_without_the_metadata(backend: Backend, snap: Snapshot) -> None:
+    metadata, segments = snap
+    n = metadata.num_segments
+    backend.storage.create(metadata, segments, "k")
+    columns = (metadata.mins, metadata.maxs, metadata.counts)
+    runs = [(2, 2), (1, 1), (n + 1, n + 3), (3, n + 4)]
+    got = backend.storage.get_segment_times("k", runs, *columns)
+    # Each segment's times, in its position order: compare segment by segment as multisets.
+    want = [s.times for a, b in runs for s in segments[a - 1 : min(b, n)]]
+    cuts = np.cumsum([0, *(len(w) for w in want)]).tolist()
+    assert cuts[-1] == len(got)
+    for w, a, b in zip(want, cuts[:-1], cuts[1:], strict=True):
+        assert sorted(got[a:b].tolist()) == sorted(w.tolist())
+    assert len(backend.storage.get_segment_times("k", [], *columns)) == 0
+    calls = backend.storage.stats()["get_segments"]["calls"]
+    with pytest.raises(ValueError, match="bad segment range"):
+        backend.storage.get_segment_times("k", [(1, 2), (0, 1)], *columns)
+    with pytest.raises(ValueError, match="differ in length"):
+        backend.storage.get_segment_times("k", [(1, 1)], metadata.mins, metadata.maxs, [1])
+    assert backend.storage.stats()["get_segments"]["calls"] == calls  # validated first
+    with pytest.raises(SnapshotNotFoundError):
+        backend.storage.get_segment_times("missing", [(1, 1)], *columns)
+    # Columns of another snapshot, or of the wrong length, are refused, naming the object.
+    with pytest.raises(SnapshotCorruptError, match=r"k.*segment entries"):
+        backend.storage.get_segment_times("k", [(1, 1)], *(c[:-1] for c in columns))
+    wrong_counts = np.array(metadata.counts) + 1
+    with pytest.raises(SnapshotCorruptError, match="packed times have the wrong length"):
+        backend.storage.get_segment_times("k", [(1, n)], metadata.mins, metadata.maxs, wrong_counts)
+
+
 @pytest.mark.parametrize(("first", "last"), [(0, 1), (-1, 3), (3, 2), (2, 1), (0, 0)])
 def test_bad_ranges(backend: Backend, snap: Snapshot, first: int, last: int) -> None:
     backend.storage.create(*snap, "k")

@@ -710,6 +710,65 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
     return out_t, out_l, out_e, offsets
 
 
+def unpack_segment_times(const uint8_t[::1] buffer not None,
+                         const int64_t[:] entry_lengths not None, int64_t first_index,
+                         const int64_t[:] mins not None, const int64_t[:] spans not None,
+                         const int64_t[:] counts not None):
+    """Verify consecutive framed segment entries and unpack their deliver times only (in each
+    segment's position order, segment after segment), without the metadata's bitmaps: the
+    checks of ``decode_segments`` that do not involve positions. A histogram of a bucket whose
+    stored positions are all tracked needs nothing else."""
+    cdef Py_ssize_t n_seg = entry_lengths.shape[0], s, j, total = 0, pos = 0, start = 0, n, elen
+    cdef int bits
+    cdef uint32_t stored
+    cdef const uint8_t* payload
+    cdef Py_ssize_t payload_len
+    cdef uint64_t key, low, high
+    if not (mins.shape[0] == spans.shape[0] == counts.shape[0] == n_seg):
+        raise ValueError("per-segment inputs differ in length")
+    for s in range(n_seg):
+        if counts[s] < 1 or spans[s] < 0:
+            raise ValueError(f"segment {s}: bad count or span")
+        if entry_lengths[s] < 5:
+            raise ValueError(f"entry {first_index + s}: truncated")
+        total += counts[s]
+        pos += entry_lengths[s]
+    if pos != buffer.shape[0]:
+        raise ValueError("entry lengths do not add up to the buffer")
+    out = np.empty(total, dtype=np.int64)
+    cdef int64_t[::1] vt = out
+    pos = 0
+    for s in range(n_seg):
+        elen = entry_lengths[s]
+        stored = read_u32(&buffer[pos + elen - 4])
+        if di_murmur3_32(&buffer[pos], elen - 4, <uint32_t> (first_index + s)) != stored:
+            raise ValueError(f"entry {first_index + s}: checksum mismatch")
+        if buffer[pos] != 0:
+            raise ValueError(f"entry {first_index + s}: unknown flags {buffer[pos]:#x}")
+        payload = &buffer[pos + 1]
+        payload_len = elen - 5
+        pos += elen
+        n = counts[s]
+        bits = bit_length(<uint64_t> spans[s])
+        if payload_len != (n * bits + 7) // 8:
+            raise ValueError(f"segment {s}: packed times have the wrong length")
+        low = <uint64_t> spans[s]
+        high = 0
+        for j in range(n):
+            key = unpack_one(payload, <uint64_t> j * bits, bits) if bits else 0
+            if key > <uint64_t> spans[s]:
+                raise ValueError(f"segment {s}: a packed time exceeds the span")
+            if key < low:
+                low = key
+            if key > high:
+                high = key
+            vt[start + j] = mins[s] + <int64_t> key
+        if low != 0 or high != <uint64_t> spans[s]:
+            raise ValueError(f"segment {s}: times do not span its metadata range")
+        start += n
+    return out
+
+
 def roaring_union_by_ledger(const int64_t[:] ledgers not None, const uint8_t[::1] blob not None,
                             const int64_t[:] bitmap_offsets not None):
     """Union the bitmaps of a block (``blob``, ``bitmap_offsets``) by ledger: ``(ledger_ids,

@@ -46,6 +46,7 @@ CODEC_KERNELS = (
     "roaring_check_positions",
     "roaring_entries",
     "roaring_union_by_ledger",
+    "unpack_segment_times",
 )
 
 
@@ -89,6 +90,7 @@ if TYPE_CHECKING:
         roaring_check_positions,
         roaring_entries,
         roaring_union_by_ledger,
+        unpack_segment_times,
     )
     from delayindex._pure.core import TrackerCore
     from delayindex._pure.heap import TripleHeap, sorted_positions
@@ -124,6 +126,7 @@ else:
     roaring_check_positions = _kernels.roaring_check_positions
     roaring_entries = _kernels.roaring_entries
     roaring_union_by_ledger = _kernels.roaring_union_by_ledger
+    unpack_segment_times = _kernels.unpack_segment_times
 
 
 #: The short form of ``BUILD`` that ``stats()`` and the reports carry.
@@ -155,5 +158,6 @@ __all__ = [
     "roaring_entries",
     "roaring_union_by_ledger",
     "sorted_positions",
+    "unpack_segment_times",
     "wall_clock_ms",
 ]

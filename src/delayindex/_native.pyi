@@ -190,6 +190,9 @@ def decode_segments(
     bitmap_offsets: _I64,
     slots: _I64 | None = ...,
 ) -> tuple[_I64, _I64, _I64, _I64]: ...
+def unpack_segment_times(
+    buffer: _Bytes, entry_lengths: _I64, first_index: int, mins: _I64, spans: _I64, counts: _I64
+) -> _I64: ...
 def build_segments(
     times: _I64, ledgers: _I64, entries: _I64, max_time_step_ms: int, max_indexes_per_segment: int
 ) -> tuple[object, ...]: ...

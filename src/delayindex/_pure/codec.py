@@ -252,6 +252,51 @@ def decode_segments(
     )
 
 
+def unpack_segment_times(
+    buffer: bytes | memoryview,
+    entry_lengths: Int64Array,
+    first_index: int,
+    mins: Int64Array,
+    spans: Int64Array,
+    counts: Int64Array,
+) -> Int64Array:
+    """Verify consecutive framed segment entries and unpack their deliver times only (in each
+    segment's position order, segment after segment), without the metadata's bitmaps: the
+    checks of :func:`decode_segments` that do not involve positions."""
+    n_seg = len(entry_lengths)
+    if not len(mins) == len(spans) == len(counts) == n_seg:
+        raise ValueError("per-segment inputs differ in length")
+    if any(int(c) < 1 for c in counts) or any(int(x) < 0 for x in spans):
+        raise ValueError("bad count or span")
+    if any(int(x) < 5 for x in entry_lengths):
+        raise ValueError("truncated entry")
+    if sum(int(x) for x in entry_lengths) != len(buffer):
+        raise ValueError("entry lengths do not add up to the buffer")
+    out: list[Int64Array] = []
+    pos = 0
+    for s in range(n_seg):
+        entry = bytes(buffer[pos : pos + int(entry_lengths[s])])
+        pos += len(entry)
+        (stored,) = struct.unpack_from("<I", entry, len(entry) - 4)
+        if murmur3_32(entry[:-4], first_index + s) != stored:
+            raise ValueError(f"entry {first_index + s}: checksum mismatch")
+        if entry[0] != 0:
+            raise ValueError(f"entry {first_index + s}: unknown flags {entry[0]:#x}")
+        payload = entry[1:-4]
+        n, span, low = int(counts[s]), int(spans[s]), int(mins[s])
+        bits = _bit_length(span)
+        if len(payload) != (n * bits + 7) // 8:
+            raise ValueError(f"segment {s}: packed times have the wrong length")
+        keys = _unpack(payload, n, bits)
+        highest = int(keys.max())
+        if highest > span:
+            raise ValueError(f"segment {s}: a packed time exceeds the span")
+        if int(keys.min()) != 0 or highest != span:
+            raise ValueError(f"segment {s}: times do not span its metadata range")
+        out.append(keys.astype(np.int64) + low)
+    return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
+
+
 def roaring_union_by_ledger(
     ledgers: Int64Array, blob: bytes, bitmap_offsets: Any
 ) -> tuple[Int64Array, Int64Array, npt.NDArray[np.uint32]]:

@@ -45,6 +45,7 @@ from delayindex.snapshot.format import (
     FORMAT_VERSIONS,
     MAX_SEGMENT_SPAN,
     BitmapBlock,
+    Int64Array,
     PreparedSegments,
     Segment,
     SegmentList,
@@ -502,6 +503,36 @@ def decode_segments(
     return decode_segment_buffer(
         b"".join(entries), [len(e) for e in entries], metadata, first, name
     )
+
+
+def decode_segment_times(
+    entries: Sequence[bytes],
+    first: int,
+    mins: Int64Array,
+    maxs: Int64Array,
+    counts: Int64Array,
+    name: str,
+) -> Int64Array:
+    """The deliver times of framed segment entries ``first, first+1, ...``, each checked and
+    unpacked with its segment's ``mins``/``maxs``/``counts`` (aligned with ``entries``: the
+    metadata's columns, as a bucket keeps them) and without the metadata's bitmaps. In each
+    segment's position order; positions are not decoded."""
+    if not len(mins) == len(maxs) == len(counts) == len(entries):
+        raise ValueError("one min, max and count per entry")
+    if not entries:
+        return np.empty(0, dtype=np.int64)
+    lows = np.asarray(mins, dtype=np.int64)
+    try:
+        return _impl.unpack_segment_times(
+            b"".join(entries),
+            np.array([len(e) for e in entries], dtype=np.int64),
+            first,
+            lows,
+            np.asarray(maxs, dtype=np.int64) - lows,
+            np.asarray(counts, dtype=np.int64),
+        )
+    except ValueError as exc:
+        raise SnapshotCorruptError(f"{name}: {exc}") from None
 
 
 def decode_snapshot(data: bytes, name: str) -> tuple[SnapshotMetadata, SegmentList]:

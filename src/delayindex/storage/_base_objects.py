@@ -29,6 +29,7 @@ from delayindex.snapshot.codec import (
     ObjectHeader,
     check_metadata_bitmaps,
     decode_metadata,
+    decode_segment_times,
     decode_segments,
     encode_snapshot,
     header_bytes_needed,
@@ -159,11 +160,7 @@ class ObjectsMixin(RawStorage):
         self, snapshot_id: str, runs: Sequence[tuple[int, int]]
     ) -> list[Sequence[Segment]]:
         validate_key(snapshot_id, "snapshot id")
-        for first, last in runs:
-            _check_int(first, "first")
-            _check_int(last, "last")
-            if first < 1 or last < first:
-                raise ValueError(f"bad segment range {first}..{last} (1-based, inclusive)")
+        _check_runs(runs)
 
         def attempt(_: int) -> list[Sequence[Segment]]:
             read: list[tuple[int, list[bytes]]] = []
@@ -210,6 +207,42 @@ class ObjectsMixin(RawStorage):
             np.concatenate([p[i] for p in parts]) if parts else empty.copy() for i in range(3)
         )
 
+    def get_segment_times(
+        self,
+        snapshot_id: str,
+        runs: Sequence[tuple[int, int]],
+        mins: Int64Array,
+        maxs: Int64Array,
+        counts: Int64Array,
+    ) -> Int64Array:
+        """See :meth:`SnapshotStorage.get_segment_times`."""
+        validate_key(snapshot_id, "snapshot id")
+        _check_runs(runs)
+        columns = [np.asarray(c, dtype=np.int64) for c in (mins, maxs, counts)]
+        if not len(columns[0]) == len(columns[1]) == len(columns[2]):
+            raise ValueError("mins, maxs and counts differ in length")
+
+        def attempt(_: int) -> Int64Array:
+            parts = []
+            with self._raw_source(snapshot_id) as src:
+                header = self._header(src)
+                if header.num_segments != len(columns[0]):
+                    raise SnapshotCorruptError(
+                        f"{src.where}: {header.num_segments} segment entries, the bucket "
+                        f"lists {len(columns[0])}"
+                    )
+                for first, last in runs:
+                    stop = min(last, header.num_segments)
+                    if first > stop:
+                        continue
+                    entries = self._read_entries(src, header, first, stop)
+                    a, b = first - 1, stop
+                    low, high, count = (c[a:b] for c in columns)
+                    parts.append(decode_segment_times(entries, first, low, high, count, src.where))
+            return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+        return self._retry("get_segments", snapshot_id, attempt)
+
     def length(self, snapshot_id: str) -> int:
         """See :meth:`SnapshotStorage.length`."""
         validate_key(snapshot_id, "snapshot id")
@@ -241,3 +274,12 @@ def _columns(decoded: Sequence[Segment]) -> tuple[Int64Array, Int64Array, Int64A
         np.concatenate([s.ledgers for s in parts]),
         np.concatenate([s.entries for s in parts]),
     )
+
+
+def _check_runs(runs: Sequence[tuple[int, int]]) -> None:
+    """Every ``(first, last)`` segment range valid (1-based, inclusive), before any I/O."""
+    for first, last in runs:
+        _check_int(first, "first")
+        _check_int(last, "last")
+        if first < 1 or last < first:
+            raise ValueError(f"bad segment range {first}..{last} (1-based, inclusive)")

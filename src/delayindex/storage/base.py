@@ -150,6 +150,29 @@ class SnapshotStorage(Protocol):
         all ranges are validated before anything is read."""
         ...
 
+    def get_segment_times(
+        self,
+        snapshot_id: str,
+        runs: Sequence[tuple[int, int]],
+        mins: Int64Array,
+        maxs: Int64Array,
+        counts: Int64Array,
+    ) -> Int64Array:
+        """The deliver times only of several ranges of segments, in one call, without reading
+        or decoding the metadata: the caller passes the snapshot's per-segment ``mins``,
+        ``maxs`` and ``counts`` (one element per segment, as its metadata says; a bucket keeps
+        them). The same clamping, validation and errors as :meth:`get_segment_runs`; each
+        segment's times in its position order, range after range. For a histogram, whose
+        positions do not matter: no metadata is decoded or cached for it.
+
+        Raises:
+            ValueError: a bad range, or columns of different lengths.
+            SnapshotNotFoundError, StorageError.
+            SnapshotCorruptError: a damaged entry, or columns that do not match the object's
+                number of segments.
+        """
+        ...
+
     def length(self, snapshot_id: str) -> int:
         """The stored size of the snapshot in bytes.
 

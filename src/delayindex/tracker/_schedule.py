@@ -10,6 +10,12 @@ read rows whose positions are still tracked and not shadowed, from the segments 
 unloaded. If a planned bucket was merged or dropped meanwhile the browse starts over (the last
 attempt reads under the lock). Quarantined buckets' positions are tracked but their times are
 lost: a browse does not list them (``quarantined()`` does).
+
+A histogram needs no positions where every stored copy counts: a *clean* bucket (nothing of it
+left storage untracked) has its unloaded segments that lie wholly inside a bin counted from
+the bucket's own segment counts, and the ones that straddle a bin edge read as times alone
+(``get_segment_times``), so its snapshot's metadata (mostly bitmaps, about 5 B per message) is
+neither decoded nor cached by the storage.
 """
 
 from __future__ import annotations
@@ -91,7 +97,10 @@ class ScheduleMixin:
                     if self._closed:
                         return _empty(), _no_counts(bins)
                     plan = self._plan(first, last, bins)
-                rows = [self._read(bucket, runs) for bucket, runs in plan.runs_per_bucket()]
+                rows = [
+                    self._read(bucket, runs, times_only=bucket.sid in plan.clean)
+                    for bucket, runs in plan.runs_per_bucket()
+                ]
                 with self._lock if not locked else nullcontext():
                     if self._closed:
                         return _empty(), _no_counts(bins)
@@ -100,6 +109,10 @@ class ScheduleMixin:
                     parts = [self._core.live_keys(first, last)]
                     for times, ledgers, entries in rows:
                         keep = (times >= first) & (times <= last)
+                        if ledgers is _NO_POSITIONS:  # a clean bucket: every copy is tracked
+                            t = times[keep]
+                            parts.append((t, np.zeros_like(t), np.zeros_like(t)))
+                            continue
                         t, lg, en = times[keep], ledgers[keep], entries[keep]
                         live = self._core.authoritative_mask(lg, en)
                         parts.append((t[live], lg[live], en[live]))
@@ -132,6 +145,7 @@ class ScheduleMixin:
                 plan.whole += np.bincount(low[whole], weights=sizes[whole], minlength=nbins).astype(
                     np.int64
                 )
+                plan.clean.add(bucket.sid)
                 wanted &= ~whole
             read = ks[wanted]
             if len(read):  # contiguous runs of segments, one read each
@@ -168,10 +182,19 @@ class ScheduleMixin:
                 clean.add(bucket.sid)
         return clean
 
-    def _read(self, bucket: _Bucket, runs: list[tuple[int, int]]) -> Keys:
+    def _read(self, bucket: _Bucket, runs: list[tuple[int, int]], *, times_only: bool) -> Keys:
         """Runs of segments ``(a, b)`` (1-based, inclusive) of ``bucket``, read from storage
-        in one call."""
+        in one call. ``times_only`` (a histogram of a clean bucket, where every stored copy
+        counts): the times alone, unpacked with the bucket's own segment columns, so that the
+        snapshot's metadata is neither decoded nor cached; the positions are
+        :data:`_NO_POSITIONS`."""
         assert bucket.snapshot_id is not None
+        if times_only:
+            counts = np.diff(bucket.bounds, prepend=np.int64(0))
+            times = self._storage.get_segment_times(
+                bucket.snapshot_id, runs, bucket.mins, bucket.maxs, counts
+            )
+            return times, _NO_POSITIONS, _NO_POSITIONS
         times, ledgers, entries = self._storage.get_segment_runs(bucket.snapshot_id, runs)
         return times, ledgers, entries
 
@@ -182,6 +205,8 @@ class _Plan:
 
     whole: Int64Array
     reads: list[tuple[_Bucket, int, int]] = field(default_factory=list)
+    #: Buckets whose reads need the times only (a histogram of a clean bucket).
+    clean: set[int] = field(default_factory=set)
     signature: list[tuple[int, str | None, int, bool]] = field(default_factory=list)
 
     def runs_per_bucket(self) -> list[tuple[_Bucket, list[tuple[int, int]]]]:
@@ -190,6 +215,10 @@ class _Plan:
         for bucket, a, b in self.reads:
             grouped.setdefault(bucket.sid, (bucket, []))[1].append((a, b))
         return list(grouped.values())
+
+
+#: The positions of a times-only read (never indexed: the histogram uses the times alone).
+_NO_POSITIONS: Int64Array = np.empty(0, dtype=np.int64)
 
 
 def _no_counts(bins: Int64Array | None) -> Int64Array:
