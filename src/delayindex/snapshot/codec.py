@@ -1,6 +1,6 @@
 """Snapshot bytes: the object layout, checksums, compression and (only here) protobuf.
 
-Object layout (format version 1, all integers little-endian)::
+Object layout (object version 1, all integers little-endian)::
 
     magic      4 bytes  b"DIXS"
     version    u16      1
@@ -12,6 +12,8 @@ Object layout (format version 1, all integers little-endian)::
     entry      flags u8 | payload | crc u32   (mmh3 of flags + payload, seeded with the entry index)
 
 Metadata payload: a ``SnapshotMetadata`` protobuf, zstd-compressed when ``flags & FLAG_ZSTD``.
+Metadata format 2 (written) holds a bucket's bitmaps as one block plus their sizes; format 1
+(still read, and re-encoded as itself) holds one protobuf ``bytes`` per bitmap.
 Segment payload: the segment's deliver times minus the segment minimum, bit-packed LSB-first at
 ``bit_length(max - min)`` bits each, in position order (as the segment's bitmaps enumerate
 positions), so a one-index segment with min == max has an empty payload. Positions are never

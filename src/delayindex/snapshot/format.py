@@ -28,7 +28,7 @@ from pyroaring import BitMap
 from delayindex import _impl
 from delayindex.model import MAX_ENTRY_ID, MAX_LEDGER_ID
 
-#: The metadata format written: 2 stores the bitmaps as one compressed block (see
+#: The metadata format written: 2 stores a bucket's bitmaps as one block (see
 #: ``docs/snapshot-format.md``); 1 (one protobuf ``bytes`` per bitmap) is still read.
 FORMAT_VERSION = 2
 #: Every metadata format this version reads.
@@ -121,13 +121,6 @@ class BitmapBlock:
         cuts = self.offsets[start : stop + 1].tolist()
         return tuple(self.blob[a:b] for a, b in itertools.pairwise(cuts))
 
-    def tail(self, start: int) -> BitmapBlock:
-        """The block of bitmaps ``start..``."""
-        if start == 0:
-            return self
-        base = int(self.offsets[start])
-        return BitmapBlock(self.blob[base:], self.offsets[start:] - base)
-
 
 class SnapshotMetadata:
     """Entry 0 of a snapshot: the bucket's ledger range and, per segment, its facts.
@@ -135,8 +128,8 @@ class SnapshotMetadata:
     Stored column-wise (numpy arrays, one element per segment; ledgers flat with
     ``ledger_offsets`` marking each segment's slice, and their bitmaps one :class:`BitmapBlock`)
     so that snapshots with thousands of tiny segments cost no Python object per segment or
-    bitmap; :attr:`segments` builds :class:`SegmentMeta`
-    views on first use. Immutable by convention: the arrays are made read-only.
+    bitmap; :attr:`segments` builds :class:`SegmentMeta` views on first use. Immutable by
+    convention: the arrays are made read-only.
 
     ``index_name`` and ``generation`` are the object's origin (:meth:`with_origin`): the index
     (manifest name) that wrote it and the manifest version of the commit that recorded its
@@ -304,8 +297,12 @@ class SnapshotMetadata:
         Parsed and merged in one native call: a bucket holds thousands of small bitmaps.
         """
         start = int(self.ledger_offsets[max(first_segment, 1) - 1]) if self.num_segments else 0
-        block = self.block.tail(start)
-        return _impl.roaring_union_by_ledger(self.ledgers[start:], block.blob, block.offsets)
+        base = int(self.block.offsets[start])
+        return _impl.roaring_union_by_ledger(
+            self.ledgers[start:],
+            memoryview(self.block.blob)[base:],  # no copy of the block's tail
+            self.block.offsets[start:] - base,
+        )
 
     def ledger_bitmaps(self, first_segment: int = 1) -> dict[int, BitMap]:
         """Union of the per-ledger bitmaps of segments ``first_segment..`` (recovery's set)."""
