@@ -65,7 +65,7 @@ class _Block(Sequence[bytes]):
         return self._raw[start:stop]
 
 
-def block_bitmaps(blob: bytes, offsets: Any, n: int | None = None) -> Sequence[bytes]:
+def block_bitmaps(blob: bytes | memoryview, offsets: Any, n: int | None = None) -> Sequence[bytes]:
     """The bitmaps of a block (``blob`` with ``offsets``, one more than the bitmaps), framed as
     the native ``block_base`` checks it: ``n`` of them (if given), spanning the whole blob."""
     if not isinstance(blob, bytes | bytearray | memoryview):
@@ -298,7 +298,7 @@ def unpack_segment_times(
 
 
 def roaring_union_by_ledger(
-    ledgers: Int64Array, blob: bytes, bitmap_offsets: Any
+    ledgers: Int64Array, blob: bytes | memoryview, bitmap_offsets: Any
 ) -> tuple[Int64Array, Int64Array, npt.NDArray[np.uint32]]:
     """Union the bitmaps of a block (``blob``, ``bitmap_offsets``) by ledger: ``(ledger_ids,
     offsets, entries)`` (see the native)."""
