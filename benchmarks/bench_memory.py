@@ -77,6 +77,11 @@ def test_memory(benchmark: Any, mem_size: int, variant: str) -> None:
     result = benchmark.pedantic(_run_probe, args=(variant, mem_size), rounds=1, iterations=1)
     assert result["tracked"] == mem_size
     benchmark.extra_info["rss_bytes_per_msg"] = round(result["rss_bytes_per_msg"], 2)
+    if variant == "delay_index-add_many":
+        # glibc's dynamic mmap threshold decides how much freed memory stays resident: this
+        # row moves up to 1.7x between clean runs (docs/operations.md, "Resident memory"). The
+        # -tuned row measures the same code with the threshold pinned, and is the gated one.
+        benchmark.extra_info["ungated"] = "allocator-dependent; the -tuned row is gated"
     if "buckets" in result:
         benchmark.extra_info["buckets"] = result["buckets"]
     if "reported_bytes_per_msg" in result:

@@ -275,3 +275,82 @@ def test_slowed_is_the_function_itself_without_injection(
     wrapped = support.slowed("heapq", len)
     assert wrapped is not len and wrapped([1, 2]) == 2
     assert support.slowed("delay_index", len) is len
+
+
+def test_a_simulated_slowdown_equals_the_injected_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The gate on a clean run with --simulate-slowdown says what it says of a run whose
+    # structure really was that much slower.
+    clean = _run(scale=1.2)
+    assert _gate(tmp_path, clean, _run()) == 0
+    assert _gate(tmp_path, clean, _run(), "--simulate-slowdown", "delay_index:1.3") == 1
+    simulated = capsys.readouterr().out.split("REGRESSION", 1)[1]
+    assert _gate(tmp_path, _run(scale=1.2, kinds={"delay_index": 1.3}), _run()) == 1
+    injected = capsys.readouterr().out.split("REGRESSION", 1)[1]
+    assert simulated == injected and "delay_index: x1.30" in simulated
+    # Memory records are not slowed (the injection slows timed calls only).
+    records = gate.simulate_slowdown(clean["benchmarks"], "delay_index", 2.0)
+    memory = [r for r in records if "rss_bytes_per_msg" in r["extra_info"]]
+    assert [r["stats"]["min"] for r in memory] == [
+        r["stats"]["min"] for r in clean["benchmarks"] if "rss_bytes_per_msg" in r["extra_info"]
+    ]
+    assert clean["benchmarks"][1]["stats"]["min"] == pytest.approx(0.01 * 3 * 1.2)  # not mutated
+
+
+@pytest.mark.parametrize("bad", ["delay_index", "delay_index:0.5", ":1.3", "delay_index:x"])
+def test_a_bad_simulated_slowdown_is_refused(tmp_path: Path, bad: str) -> None:
+    assert _gate(tmp_path, _run(), _run(), "--simulate-slowdown", bad) == 2
+
+
+def test_a_simulated_slowdown_of_an_unknown_kind_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _gate(tmp_path, _run(), _run(), "--simulate-slowdown", "nothing:1.3") == 2
+    assert "no time record of kind 'nothing'" in capsys.readouterr().err
+    out = tmp_path / "b.json"
+    run_file = _write(tmp_path / "r.json", _run())
+    code = gate.main(
+        [str(run_file), "--simulate-slowdown", "delay_index:1.3", "--write-baseline", str(out)]
+    )
+    assert code == 2 and not out.exists()
+
+
+def _with_pure_heap(run: dict[str, Any], layout: float, slower: float = 1.0) -> dict[str, Any]:
+    """``run`` plus two pure-TripleHeap groups whose heapq row and pure row both move with the
+    process's ``layout`` factor, the pure row ``slower`` on top."""
+    rows = list(run["benchmarks"])
+    for group in ("heap-batch-1e5", "heap-push-pop-1e5"):
+        rows.append(_record(group, f"{group}[heapq]", "heapq", 0.10 * layout))
+        rows.append(_record(group, f"{group}[pure]", "triple_heap-pure", 0.13 * layout * slower))
+    return {**run, "benchmarks": rows}
+
+
+def test_the_pure_heap_is_gated_on_its_ratio_to_heapq(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    baseline = _with_pure_heap(_run(), layout=1.0)
+    # A process whose layout made every pure-Python heap 1.5x slower, heapq included: clean.
+    assert _gate(tmp_path, _with_pure_heap(_run(), layout=1.5), baseline) == 0
+    assert "triple_heap-pure x1.00" in capsys.readouterr().out
+    # The pure TripleHeap alone 1.3x slower, in a fast or a slow process: caught.
+    for layout in (0.8, 1.5):
+        assert _gate(tmp_path, _with_pure_heap(_run(), layout, slower=1.3), baseline) == 1
+        assert "triple_heap-pure: x1.30 over 2 benchmarks" in capsys.readouterr().out
+    # Other structures are still gated on their own times (a slower heapq row changes nothing).
+    assert _gate(tmp_path, _run(kinds={"heapq": 1.5}), _run()) == 0
+
+
+def test_a_record_that_says_it_is_ungated_is_reported_not_gated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _run()
+    memory = next(r for r in run["benchmarks"] if r["name"] == "mem[delay_index]")
+    memory["extra_info"]["rss_bytes_per_msg"] *= 2  # the allocator's luck, say
+    assert _gate(tmp_path, run, _run()) == 1  # gated, it fails
+    capsys.readouterr()
+    memory["extra_info"]["ungated"] = "allocator-dependent"
+    assert _gate(tmp_path, run, _run()) == 0
+    out = capsys.readouterr().out
+    assert "reported, not gated (1):" in out
+    assert "mem[delay_index]]: bytes/msg x2.00 of the baseline (+100%); allocator-dependent" in out
