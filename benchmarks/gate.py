@@ -29,7 +29,8 @@ ratio to its group's heapq row, now against the baseline's (±7 % between clean 
 The baselines (heapq, SortedList, Redis rows) are compared too, in the machine factor, but
 never gated; so is a record whose ``extra_info["ungated"]`` says why it cannot be (the memory
 row of DelayIndex under glibc's default allocator settings, which moves up to 1.7x with the
-allocator's luck: its ``-tuned`` twin is gated instead). Several runs of the same tier: each record is gated on its best change over them.
+allocator's luck: its ``-tuned`` twin is gated instead). Several runs of the same tier: each
+record is gated on its best change over them.
 New records (not in the baseline) and missing ones are reported, never failed.
 
 Usage (from the repository root)::
