@@ -20,11 +20,9 @@ Two checks, both must pass:
 * **per record**: no single record's change beyond ``--row-tolerance`` (default 0.5), for a
   regression confined to one operation, and for the memory records (bytes per message).
 
-One structure is measured differently: the pure TripleHeap (:data:`HEAPQ_RELATIVE_KINDS`) has
-two records, both allocation-bound pure Python like the heapq rows of their groups, and its
-own times vary ±20 % between clean processes, with the heapq row moving alike. Its change is its
-ratio to its group's heapq row, now against the baseline's (±7 % between clean runs), so that a
-1.3x slowdown of it alone still shows.
+The per-record check divides by the machine factor *of the moment*: the median change of the
+:data:`LOCAL_WINDOW` records run before and after the record (:func:`local_factors`), since a
+shared machine has slow stretches that the run-wide median does not see.
 
 The baselines (heapq, SortedList, Redis rows) are compared too, in the machine factor, but
 never gated; so is a record whose ``extra_info["ungated"]`` says why it cannot be (the memory
@@ -74,10 +72,6 @@ DEFAULT_ROW_TOLERANCE = 0.5
 REFERENCE_KIND = "heapq"
 #: The baselines we compare against (not ours to gate).
 REFERENCE_KINDS = frozenset({"heapq", "sortedlist", "redis"})
-#: Structures gated on their ratio to their group's heapq row rather than on their own time:
-#: allocation-bound pure Python, whose times move with the memory layout of the process as the
-#: heapq row of the same group does (±20 % between clean runs; the ratio ±7 %).
-HEAPQ_RELATIVE_KINDS = frozenset({"triple_heap-pure"})
 #: extra_info keys kept by --write-baseline (what the gate, the plots and the docs read).
 KEPT_INFO = (
     "label",
@@ -233,9 +227,15 @@ class Change:
     now: Ratio
     before: Ratio
     kind: str
-    # (now / before) / machine factor; memory: now / before; a HEAPQ_RELATIVE_KINDS record:
-    # its ratio to the group's heapq row now / before. 1.0 = unchanged
+    # (now / before) / machine factor; memory: now / before. 1.0 = unchanged
     change: float
+    # What the per-record check gates: ``change``, with the machine factor of the moment the
+    # record ran (its neighbours in the run) instead of the whole run's; see local_factors.
+    row_change: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.row_change:
+            object.__setattr__(self, "row_change", self.change)
 
 
 def machine_factor(run: dict[Key, Ratio], baseline: dict[Key, Ratio]) -> float:
@@ -249,24 +249,62 @@ def machine_factor(run: dict[Key, Ratio], baseline: dict[Key, Ratio]) -> float:
     return statistics.median(shares) if shares else 1.0
 
 
+#: Time records on each side of a record whose median share is its local machine factor:
+#: about six seconds of the quick tier each way, inside the slow stretches seen (about 20 s).
+LOCAL_WINDOW = 6
+
+
+def local_factors(
+    run: dict[Key, Ratio], baseline: dict[Key, Ratio], order: Sequence[Key]
+) -> dict[Key, float]:
+    """Each time record's *local* machine factor: the median ``run / baseline`` of the
+    :data:`LOCAL_WINDOW` time records run before it and after it (``order``: the run's
+    execution order, as pytest-benchmark lists its records), itself excluded.
+
+    A shared machine has slow stretches: in one clean run, every benchmark of a 20-second
+    stretch (codec decode, reopen, replay; reference rows too) ran 1.5-1.6x slower. The
+    run-wide factor does not see a stretch, a local one does; a regression of one operation
+    does not move its neighbours' median. Records with fewer than three neighbours in the
+    baseline get no local factor (the run-wide one applies)."""
+    timed = [
+        key for key in order
+        if key in run and key in baseline and run[key].metric == "time"
+        and baseline[key].value > 0
+    ]  # fmt: skip
+    shares = [run[key].value / baseline[key].value for key in timed]
+    out = {}
+    for i, key in enumerate(timed):
+        window = shares[max(i - LOCAL_WINDOW, 0) : i] + shares[i + 1 : i + 1 + LOCAL_WINDOW]
+        if len(window) >= 3:
+            out[key] = statistics.median(window)
+    return out
+
+
 def changes(
-    run: dict[Key, Ratio], baseline: dict[Key, Ratio], kinds: dict[Key, str]
+    run: dict[Key, Ratio],
+    baseline: dict[Key, Ratio],
+    kinds: dict[Key, str],
+    order: Sequence[Key] = (),
 ) -> dict[Key, Change]:
-    """Each record's :class:`Change` (records in both; reference kinds included)."""
+    """Each record's :class:`Change` (records in both; reference kinds included). With the
+    run's execution ``order``, each time record's ``row_change`` uses its local machine factor
+    (:func:`local_factors`)."""
     factor = machine_factor(run, baseline)
+    local = local_factors(run, baseline, order)
     out = {}
     for key, now in run.items():
         before = baseline.get(key)
         if before is None or before.value <= 0:
             continue
         kind = kinds.get(key, "")
-        if kind in HEAPQ_RELATIVE_KINDS and now.ratio and before.ratio:
-            change = now.ratio / before.ratio  # the machine is in the heapq row already
-        elif now.metric == "time":
+        row_change = 0.0
+        if now.metric == "time":
             change = now.value / before.value / factor
+            if key in local:
+                row_change = now.value / before.value / local[key]
         else:
             change = now.value / before.value
-        out[key] = Change(now, before, kind, change)
+        out[key] = Change(now, before, kind, change, row_change)
     return out
 
 
@@ -276,8 +314,17 @@ def best_changes(runs: Sequence[dict[Key, Change]]) -> dict[Key, Change]:
     out: dict[Key, Change] = {}
     for run in runs:
         for key, change in run.items():
-            if key not in out or change.change < out[key].change:
+            if key not in out:
                 out[key] = change
+                continue
+            best = out[key]
+            out[key] = Change(
+                best.now if best.change <= change.change else change.now,
+                best.before,
+                best.kind,
+                min(best.change, change.change),
+                min(best.row_change, change.row_change),
+            )
     return out
 
 
@@ -353,7 +400,7 @@ def compare(
         verdict.compared += 1
         if change.now.metric == "time":  # memory records are gated one by one
             per_kind.setdefault(change.kind, []).append(change.change)
-        if change.change > 1 + row_tolerance:
+        if change.row_change > 1 + row_tolerance:
             verdict.regressions.append(change)
         elif change.change < 1 / (1 + tolerance):
             verdict.improvements.append(change)
@@ -367,11 +414,13 @@ def compare(
     return verdict
 
 
-def _line(change: Change) -> str:
+def _line(change: Change, row: bool = False) -> str:
     unit = "bytes/msg" if change.now.metric == "bytes/msg" else "time"
+    value = change.row_change if row else change.change
+    local = " (local machine factor)" if row and change.row_change != change.change else ""
     return (
         f"  {change.now.group}: {change.now.label} [{change.now.name}]: {unit} "
-        f"x{change.change:.2f} of the baseline ({change.change - 1:+.0%})"
+        f"x{value:.2f} of the baseline ({value - 1:+.0%}){local}"
     )
 
 
@@ -400,7 +449,7 @@ def report(verdict: Verdict, tolerance: float, row_tolerance: float) -> list[str
             f"REGRESSION: {len(verdict.regressions)} of {verdict.compared} benchmarks are more "
             f"than {row_tolerance:.0%} worse than the baseline:"
         )
-        lines.extend(_line(change) for change in verdict.regressions)
+        lines.extend(_line(change, row=True) for change in verdict.regressions)
     lines.append("per structure (geometric mean of the changes): " + ", ".join(
         f"{kind} x{mean:.2f} ({n})" for kind, (mean, n) in verdict.kinds.items()
     ))  # fmt: skip
@@ -535,7 +584,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 records = simulate_slowdown(records, *simulated)
             run = ratios(records)
             factors.append(machine_factor(run, baseline))
-            runs.append(changes(run, baseline, _kind(records)))
+            order = [(str(r.get("group") or r["name"]), str(r["name"])) for r in records]
+            runs.append(changes(run, baseline, _kind(records), order))
             merged.update(run)
     except (GateInputError, OSError) as exc:
         print(f"gate: {exc}", file=sys.stderr)
