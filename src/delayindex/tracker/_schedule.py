@@ -98,7 +98,7 @@ class ScheduleMixin:
                         return _empty(), _no_counts(bins)
                     plan = self._plan(first, last, bins)
                 rows = [
-                    self._read(bucket, runs, times_only=bucket.sid in plan.clean)
+                    self._read(bucket, runs, plan.clean.get(bucket.sid))
                     for bucket, runs in plan.runs_per_bucket()
                 ]
                 with self._lock if not locked else nullcontext():
@@ -145,7 +145,9 @@ class ScheduleMixin:
                 plan.whole += np.bincount(low[whole], weights=sizes[whole], minlength=nbins).astype(
                     np.int64
                 )
-                plan.clean.add(bucket.sid)
+                # Captured under the lock: the read runs without it.
+                counts = np.diff(bucket.bounds, prepend=np.int64(0))
+                plan.clean[bucket.sid] = (bucket.mins, bucket.maxs, counts)
                 wanted &= ~whole
             read = ks[wanted]
             if len(read):  # contiguous runs of segments, one read each
@@ -182,18 +184,17 @@ class ScheduleMixin:
                 clean.add(bucket.sid)
         return clean
 
-    def _read(self, bucket: _Bucket, runs: list[tuple[int, int]], *, times_only: bool) -> Keys:
+    def _read(
+        self, bucket: _Bucket, runs: list[tuple[int, int]], columns: Keys | None = None
+    ) -> Keys:
         """Runs of segments ``(a, b)`` (1-based, inclusive) of ``bucket``, read from storage
-        in one call. ``times_only`` (a histogram of a clean bucket, where every stored copy
-        counts): the times alone, unpacked with the bucket's own segment columns, so that the
-        snapshot's metadata is neither decoded nor cached; the positions are
+        in one call. With ``columns`` (a histogram of a clean bucket, where every stored copy
+        counts: the bucket's segment ``(mins, maxs, counts)`` as planned): the times alone, so
+        that the snapshot's metadata is neither decoded nor cached; the positions are
         :data:`_NO_POSITIONS`."""
         assert bucket.snapshot_id is not None
-        if times_only:
-            counts = np.diff(bucket.bounds, prepend=np.int64(0))
-            times = self._storage.get_segment_times(
-                bucket.snapshot_id, runs, bucket.mins, bucket.maxs, counts
-            )
+        if columns is not None:
+            times = self._storage.get_segment_times(bucket.snapshot_id, runs, *columns)
             return times, _NO_POSITIONS, _NO_POSITIONS
         times, ledgers, entries = self._storage.get_segment_runs(bucket.snapshot_id, runs)
         return times, ledgers, entries
@@ -205,8 +206,9 @@ class _Plan:
 
     whole: Int64Array
     reads: list[tuple[_Bucket, int, int]] = field(default_factory=list)
-    #: Buckets whose reads need the times only (a histogram of a clean bucket).
-    clean: set[int] = field(default_factory=set)
+    #: Buckets whose reads need the times only (a histogram of a clean bucket): their segment
+    #: ``(mins, maxs, counts)``, taken under the lock.
+    clean: dict[int, Keys] = field(default_factory=dict)
     signature: list[tuple[int, str | None, int, bool]] = field(default_factory=list)
 
     def runs_per_bucket(self) -> list[tuple[_Bucket, list[tuple[int, int]]]]:
