@@ -563,6 +563,21 @@ cdef int check_distinct(const int64_t* slots, const uint32_t* entries, Py_ssize_
     return 0
 
 
+cdef const uint8_t* checked_payload(const uint8_t[::1] buffer, Py_ssize_t pos, Py_ssize_t elen,
+                                    int64_t index, int64_t count, int64_t span,
+                                    Py_ssize_t segment) except NULL:
+    """The packed times of the segment entry at ``buffer[pos:pos + elen]``, its checksum
+    (seeded with its object entry ``index``), flags and payload length checked."""
+    cdef uint32_t stored = read_u32(&buffer[pos + elen - 4])
+    if di_murmur3_32(&buffer[pos], elen - 4, <uint32_t> index) != stored:
+        raise ValueError(f"entry {index}: checksum mismatch")
+    if buffer[pos] != 0:
+        raise ValueError(f"entry {index}: unknown flags {buffer[pos]:#x}")
+    if elen - 5 != (count * bit_length(<uint64_t> span) + 7) // 8:
+        raise ValueError(f"segment {segment}: packed times have the wrong length")
+    return &buffer[pos + 1]
+
+
 def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_lengths not None,
                     int64_t first_index, const int64_t[:] mins not None,
                     const int64_t[:] spans not None, const int64_t[:] counts not None,
@@ -585,9 +600,7 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
     cdef Py_ssize_t scratch = 1, pos = 0, elen, first_ledger, last_ledger
     cdef int bits
     cdef int64_t ledger, prev_ledger
-    cdef uint32_t stored
     cdef const uint8_t* payload
-    cdef Py_ssize_t payload_len
     cdef const uint8_t* base
     cdef uint64_t* keys = NULL
     cdef int64_t* ls = NULL
@@ -644,19 +657,11 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
         pos = 0
         for s in range(n_seg):
             elen = entry_lengths[s]
-            stored = read_u32(&buffer[pos + elen - 4])
-            if di_murmur3_32(&buffer[pos], elen - 4, <uint32_t> (first_index + s)) != stored:
-                raise ValueError(f"entry {first_index + s}: checksum mismatch")
-            if buffer[pos] != 0:
-                raise ValueError(f"entry {first_index + s}: unknown flags {buffer[pos]:#x}")
-            payload = &buffer[pos + 1]
-            payload_len = elen - 5
+            payload = checked_payload(buffer, pos, elen, first_index + s, counts[s], spans[s], s)
             pos += elen
             n = counts[s]
             vo[s] = start
             bits = bit_length(<uint64_t> spans[s])
-            if payload_len != (n * bits + 7) // 8:
-                raise ValueError(f"segment {s}: packed times have the wrong length")
             first_ledger = ledger_offsets[s]
             last_ledger = ledger_offsets[s + 1]
             if not 0 <= first_ledger < last_ledger <= ledgers.shape[0]:
@@ -720,9 +725,7 @@ def unpack_segment_times(const uint8_t[::1] buffer not None,
     stored positions are all tracked needs nothing else."""
     cdef Py_ssize_t n_seg = entry_lengths.shape[0], s, j, total = 0, pos = 0, start = 0, n, elen
     cdef int bits
-    cdef uint32_t stored
     cdef const uint8_t* payload
-    cdef Py_ssize_t payload_len
     cdef uint64_t key, low, high
     if not (mins.shape[0] == spans.shape[0] == counts.shape[0] == n_seg):
         raise ValueError("per-segment inputs differ in length")
@@ -740,18 +743,10 @@ def unpack_segment_times(const uint8_t[::1] buffer not None,
     pos = 0
     for s in range(n_seg):
         elen = entry_lengths[s]
-        stored = read_u32(&buffer[pos + elen - 4])
-        if di_murmur3_32(&buffer[pos], elen - 4, <uint32_t> (first_index + s)) != stored:
-            raise ValueError(f"entry {first_index + s}: checksum mismatch")
-        if buffer[pos] != 0:
-            raise ValueError(f"entry {first_index + s}: unknown flags {buffer[pos]:#x}")
-        payload = &buffer[pos + 1]
-        payload_len = elen - 5
+        payload = checked_payload(buffer, pos, elen, first_index + s, counts[s], spans[s], s)
         pos += elen
         n = counts[s]
         bits = bit_length(<uint64_t> spans[s])
-        if payload_len != (n * bits + 7) // 8:
-            raise ValueError(f"segment {s}: packed times have the wrong length")
         low = <uint64_t> spans[s]
         high = 0
         for j in range(n):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import array
 import itertools
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
 import mmh3
@@ -192,30 +192,12 @@ def decode_segments(
     if not (len(mins) == len(spans) == len(counts) == n_seg and len(ledger_offsets) == n_seg + 1):
         raise ValueError("per-segment inputs differ in length")
     bitmaps = block_bitmaps(blob, bitmap_offsets, len(ledgers))
-    if any(int(c) < 1 for c in counts) or any(int(x) < 0 for x in spans):
-        raise ValueError("bad count or span")
-    if any(int(x) < 5 for x in entry_lengths):
-        raise ValueError("truncated entry")
-    if sum(int(x) for x in entry_lengths) != len(buffer):
-        raise ValueError("entry lengths do not add up to the buffer")
     out_t: list[Int64Array] = []
     out_l: list[Int64Array] = []
     out_e: list[Int64Array] = []
     offsets = [0]
-    pos = 0
-    for s in range(n_seg):
-        entry = bytes(buffer[pos : pos + int(entry_lengths[s])])
-        pos += len(entry)
-        (stored,) = struct.unpack_from("<I", entry, len(entry) - 4)
-        if murmur3_32(entry[:-4], first_index + s) != stored:
-            raise ValueError(f"entry {first_index + s}: checksum mismatch")
-        if entry[0] != 0:
-            raise ValueError(f"entry {first_index + s}: unknown flags {entry[0]:#x}")
-        payload = entry[1:-4]
+    for s, payload in _payloads(buffer, entry_lengths, first_index, counts, spans):
         n, span, low = int(counts[s]), int(spans[s]), int(mins[s])
-        bits = _bit_length(span)
-        if len(payload) != (n * bits + 7) // 8:
-            raise ValueError(f"segment {s}: packed times have the wrong length")
         a, b = int(ledger_offsets[s]), int(ledger_offsets[s + 1])
         if not 0 <= a < b <= len(ledgers):
             raise ValueError(f"segment {s}: bad ledger offsets")
@@ -227,12 +209,7 @@ def decode_segments(
             raise ValueError(f"segment {s}: bitmap cardinality does not match the count")
         entries = np.concatenate(parts).astype(np.int64)
         seg_l = np.repeat(np.array(seg_ledgers, dtype=np.int64), [len(p) for p in parts])
-        keys = _unpack(payload, n, bits)
-        highest = int(keys.max())
-        if highest > span:
-            raise ValueError(f"segment {s}: a packed time exceeds the span")
-        if int(keys.min()) != 0 or highest != span:
-            raise ValueError(f"segment {s}: times do not span its metadata range")
+        keys = _segment_keys(payload, n, span, s)
         order = np.argsort(keys, kind="stable")
         out_t.append(keys.astype(np.int64)[order] + low)
         out_l.append(seg_l[order])
@@ -263,18 +240,32 @@ def unpack_segment_times(
     """Verify consecutive framed segment entries and unpack their deliver times only (in each
     segment's position order, segment after segment), without the metadata's bitmaps: the
     checks of :func:`decode_segments` that do not involve positions."""
-    n_seg = len(entry_lengths)
-    if not len(mins) == len(spans) == len(counts) == n_seg:
+    if not len(mins) == len(spans) == len(counts) == len(entry_lengths):
         raise ValueError("per-segment inputs differ in length")
+    out = [
+        _segment_keys(payload, int(counts[s]), int(spans[s]), s).astype(np.int64) + int(mins[s])
+        for s, payload in _payloads(buffer, entry_lengths, first_index, counts, spans)
+    ]
+    return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
+
+
+def _payloads(
+    buffer: bytes | memoryview,
+    entry_lengths: Int64Array,
+    first_index: int,
+    counts: Int64Array,
+    spans: Int64Array,
+) -> Iterator[tuple[int, bytes]]:
+    """Each segment's packed times, its entry checked (framing, checksum seeded with its
+    object entry index, flags, payload length): ``(segment, payload)`` in order."""
     if any(int(c) < 1 for c in counts) or any(int(x) < 0 for x in spans):
         raise ValueError("bad count or span")
     if any(int(x) < 5 for x in entry_lengths):
         raise ValueError("truncated entry")
     if sum(int(x) for x in entry_lengths) != len(buffer):
         raise ValueError("entry lengths do not add up to the buffer")
-    out: list[Int64Array] = []
     pos = 0
-    for s in range(n_seg):
+    for s in range(len(entry_lengths)):
         entry = bytes(buffer[pos : pos + int(entry_lengths[s])])
         pos += len(entry)
         (stored,) = struct.unpack_from("<I", entry, len(entry) - 4)
@@ -283,18 +274,20 @@ def unpack_segment_times(
         if entry[0] != 0:
             raise ValueError(f"entry {first_index + s}: unknown flags {entry[0]:#x}")
         payload = entry[1:-4]
-        n, span, low = int(counts[s]), int(spans[s]), int(mins[s])
-        bits = _bit_length(span)
-        if len(payload) != (n * bits + 7) // 8:
+        if len(payload) != (int(counts[s]) * _bit_length(int(spans[s])) + 7) // 8:
             raise ValueError(f"segment {s}: packed times have the wrong length")
-        keys = _unpack(payload, n, bits)
-        highest = int(keys.max())
-        if highest > span:
-            raise ValueError(f"segment {s}: a packed time exceeds the span")
-        if int(keys.min()) != 0 or highest != span:
-            raise ValueError(f"segment {s}: times do not span its metadata range")
-        out.append(keys.astype(np.int64) + low)
-    return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
+        yield s, payload
+
+
+def _segment_keys(payload: bytes, n: int, span: int, s: int) -> npt.NDArray[np.uint64]:
+    """Segment ``s``'s ``n`` packed times minus its minimum, checked to fill ``[0, span]``."""
+    keys = _unpack(payload, n, _bit_length(span))
+    highest = int(keys.max())
+    if highest > span:
+        raise ValueError(f"segment {s}: a packed time exceeds the span")
+    if int(keys.min()) != 0 or highest != span:
+        raise ValueError(f"segment {s}: times do not span its metadata range")
+    return keys
 
 
 def roaring_union_by_ledger(
