@@ -463,6 +463,16 @@ def _snapshots(draw: st.DrawFn) -> tuple[SnapshotMetadata, list[Segment], list[b
     return metadata, segments, entries
 
 
+def _times_args(args: list[Any]) -> list[Any]:
+    """``unpack_segment_times``'s arguments from ``decode_segments``' (no positions)."""
+    return args[:6]
+
+
+def _sorted_per_segment(times: npt.NDArray[np.int64], counts: Any) -> list[list[int]]:
+    cuts = np.cumsum([0, *np.asarray(counts).tolist()]).tolist()
+    return [sorted(times[a:b].tolist()) for a, b in itertools.pairwise(cuts)]
+
+
 @given(_snapshots(), st.data())
 def test_decode_segments_valid(
     snap: tuple[SnapshotMetadata, list[Segment], list[bytes]], data: st.DataObject
@@ -471,8 +481,13 @@ def test_decode_segments_valid(
     n = metadata.num_segments
     first = data.draw(st.integers(1, n + 1))
     for k, j in [(1, n + 1), (first, data.draw(st.integers(first, n + 1)))]:
-        got = _ok("decode_segments", *_kernel_args(metadata, entries, k, j))
+        args = _kernel_args(metadata, entries, k, j)
+        got = _ok("decode_segments", *args)
         _assert_equal(got, _expected(segments[k - 1 : j - 1]), "decode_segments")
+        # The times alone (no positions), segment by segment, are the same multisets.
+        times = _ok("unpack_segment_times", *_times_args(args))
+        want = [sorted(s.times.tolist()) for s in segments[k - 1 : j - 1]]
+        assert _sorted_per_segment(times, args[5]) == want
 
 
 @given(_snapshots(), st.data())
@@ -632,30 +647,6 @@ def test_decode_segments_slots_rejects_a_position_in_two_segments() -> None:
 
 
 # --- unpack_segment_times ----------------------------------------------------------------------
-
-
-def _times_args(args: list[Any]) -> list[Any]:
-    """``unpack_segment_times``'s arguments from ``decode_segments``' (no positions)."""
-    return args[:6]
-
-
-def _sorted_per_segment(times: npt.NDArray[np.int64], counts: Any) -> list[list[int]]:
-    cuts = np.cumsum([0, *np.asarray(counts).tolist()]).tolist()
-    return [sorted(times[a:b].tolist()) for a, b in itertools.pairwise(cuts)]
-
-
-@given(_snapshots(), st.data())
-def test_unpack_segment_times_matches_the_full_decode(
-    snap: tuple[SnapshotMetadata, list[Segment], list[bytes]], data: st.DataObject
-) -> None:
-    metadata, segments, entries = snap
-    n = metadata.num_segments
-    first = data.draw(st.integers(1, n + 1))
-    for k, j in [(1, n + 1), (first, data.draw(st.integers(first, n + 1)))]:
-        args = _kernel_args(metadata, entries, k, j)
-        times = _ok("unpack_segment_times", *_times_args(args))
-        want = [sorted(s.times.tolist()) for s in segments[k - 1 : j - 1]]
-        assert _sorted_per_segment(times, args[5]) == want
 
 
 @given(_snapshots(), st.data())

@@ -10,8 +10,8 @@ from __future__ import annotations
 import array
 import itertools
 import struct
-from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from collections.abc import Iterator
+from typing import Any
 
 import mmh3
 import numpy as np
@@ -37,7 +37,7 @@ def roaring_entries(data: bytes) -> npt.NDArray[np.uint32]:
     return np.array(bitmap.to_array(), dtype=np.uint32)
 
 
-class _Block(Sequence[bytes]):
+class _Block:
     """The bitmaps of a block, each one's bounds checked when it is read (as the native
     ``block_parse`` does: a batch reading a few segments pays nothing for the others)."""
 
@@ -48,24 +48,17 @@ class _Block(Sequence[bytes]):
     def __len__(self) -> int:
         return len(self._cuts) - 1
 
-    @overload
-    def __getitem__(self, i: int) -> bytes: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[bytes]: ...
-
-    def __getitem__(self, i: int | slice) -> bytes | Sequence[bytes]:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        if not 0 <= i < len(self):
-            raise IndexError(i)
+    def __getitem__(self, i: int) -> bytes:
         start, stop = self._cuts[i], self._cuts[i + 1]
         if not 0 <= start <= stop <= self._cuts[-1]:
             raise ValueError("bitmap offsets decrease or leave the block")
         return self._raw[start:stop]
 
+    def __iter__(self) -> Iterator[bytes]:
+        return (self[i] for i in range(len(self)))
 
-def block_bitmaps(blob: bytes | memoryview, offsets: Any, n: int | None = None) -> Sequence[bytes]:
+
+def block_bitmaps(blob: bytes | memoryview, offsets: Any, n: int | None = None) -> _Block:
     """The bitmaps of a block (``blob`` with ``offsets``, one more than the bitmaps), framed as
     the native ``block_base`` checks it: ``n`` of them (if given), spanning the whole blob."""
     if not isinstance(blob, bytes | bytearray | memoryview):

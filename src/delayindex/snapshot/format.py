@@ -113,9 +113,6 @@ class BitmapBlock:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
-    def __getitem__(self, i: int) -> bytes:
-        return self.blob[int(self.offsets[i]) : int(self.offsets[i + 1])]
-
     def slice(self, start: int, stop: int) -> tuple[bytes, ...]:
         """Bitmaps ``start..stop - 1`` as separate ``bytes`` (for per-segment views)."""
         cuts = self.offsets[start : stop + 1].tolist()
