@@ -36,6 +36,11 @@ Groups (``<n>`` from the tier or ``--bench-sizes``; every row has the same ``n``
     has no ``tracked_entries``: its rows call ``contains`` for each entry of the window; heapq
     and SortedList probe their set; Redis sends one ``ZMSCORE`` per window.
 
+The per-call ``add`` and ``contains`` groups also time the *inline* heapq + set loop (kind
+``heapq-inline``): the same loop with the dedup and the push (or the membership test) written
+in its body, with no call, lock or clock per message: what a dispatcher would write without a
+tracker, and the bar of the per-call front (issue 18: ``add`` >= 1.5x, ``contains`` >= 1.2x).
+
 Every timed loop is the same plain ``for`` loop over pre-converted Python lists for every
 tracker. Run::
 
@@ -44,6 +49,7 @@ tracker. Run::
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 import numpy as np
@@ -65,6 +71,28 @@ def _add_each(tracker: Any, ledgers: list[int], entries: list[int], deliver_ats:
     if sync is not None:  # Redis: send what is still queued
         sync()
     return tracker  # freed after the timer stops
+
+
+def _add_inline(ledgers: list[int], entries: list[int], deliver_ats: list[int]) -> Any:
+    heap: list[tuple[int, int, int]] = []
+    positions: set[tuple[int, int]] = set()
+    push = heapq.heappush
+    for ledger_id, entry_id, deliver_at in zip(ledgers, entries, deliver_ats, strict=True):
+        position = (ledger_id, entry_id)
+        if position not in positions:
+            positions.add(position)
+            push(heap, (deliver_at, ledger_id, entry_id))
+    return heap, positions  # freed after the timer stops
+
+
+def _contains_inline(
+    positions: set[tuple[int, int]], ledgers: list[int], entries: list[int]
+) -> int:
+    hits = 0
+    for ledger_id, entry_id in zip(ledgers, entries, strict=True):
+        if (ledger_id, entry_id) in positions:
+            hits += 1
+    return hits
 
 
 def _add_many(tracker: Any, ledgers: Any, entries: Any, deliver_ats: Any) -> Any:
@@ -177,6 +205,32 @@ def test_contains(
     hits = benchmark.pedantic(
         slowed(kind, target),
         args=(tracker, delayed.ledger_list, delayed.entry_list),
+        rounds=rounds_for(len(delayed), kind),
+        iterations=1,
+    )
+    record_rate(benchmark, len(delayed))
+    assert hits == len(delayed)
+
+
+def test_add_inline_baseline(benchmark: Any, delayed: Any, size_id: str) -> None:
+    kind = "heapq-inline"
+    record(benchmark, f"tracker-add-{size_id}", kind, size=len(delayed))
+    columns = (delayed.ledger_list, delayed.entry_list, delayed.deliver_list)
+    heap, positions = benchmark.pedantic(
+        slowed(kind, _add_inline), args=columns, rounds=rounds_for(len(delayed), kind),
+        iterations=1,
+    )  # fmt: skip
+    record_rate(benchmark, len(delayed))
+    assert len(heap) == len(positions) == len(delayed)
+
+
+def test_contains_inline_baseline(benchmark: Any, delayed: Any, size_id: str) -> None:
+    kind = "heapq-inline"
+    record(benchmark, f"tracker-contains-{size_id}", kind, size=len(delayed))
+    positions = set(zip(delayed.ledger_list, delayed.entry_list, strict=True))
+    hits = benchmark.pedantic(
+        slowed(kind, _contains_inline),
+        args=(positions, delayed.ledger_list, delayed.entry_list),
         rounds=rounds_for(len(delayed), kind),
         iterations=1,
     )

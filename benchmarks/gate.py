@@ -71,7 +71,7 @@ DEFAULT_TOLERANCE = 0.15
 DEFAULT_ROW_TOLERANCE = 0.5
 REFERENCE_KIND = "heapq"
 #: The baselines we compare against (not ours to gate).
-REFERENCE_KINDS = frozenset({"heapq", "sortedlist", "redis"})
+REFERENCE_KINDS = frozenset({"heapq", "heapq-inline", "sortedlist", "redis"})
 #: extra_info keys kept by --write-baseline (what the gate, the plots and the docs read).
 KEPT_INFO = (
     "label",

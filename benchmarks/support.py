@@ -75,6 +75,7 @@ KIND_LABELS: dict[str, str] = {
     "in_memory": "InMemoryTracker",
     "in_memory-pure": "InMemoryTracker (pure build)",
     "heapq": "heapq+set",
+    "heapq-inline": "heapq+set, inline loop (no tracker)",
     "sortedlist": "SortedList+set",
     "redis": "Redis ZSET (pipelined)",
     "triple_heap": "TripleHeap",

@@ -493,8 +493,11 @@ cdef class TrackerCore:
         cdef int64_t c_ledger = as_i64(ledger)
         cdef int64_t c_entry = as_i64(entry)
         check_ids(c_ledger, c_entry)
-        bm = self.bitmap(c_ledger, False)
-        return bm is not None and c_entry in bm
+        return self.ccontains(c_ledger, c_entry)
+
+    cdef inline bint ccontains(self, int64_t ledger, int64_t entry) except -1:
+        cdef object bm = self.bitmap(ledger, False)
+        return bm is not None and entry in bm
 
     def __len__(self) -> int:
         return self.count

@@ -24,6 +24,7 @@ from delayindex import clock as _pure_clock
 from delayindex._pure import bucket as _pure_bucket
 from delayindex._pure import codec as _pure_codec
 from delayindex._pure import core as _pure_core
+from delayindex._pure import front as _pure_front
 from delayindex._pure import heap as _pure_heap
 from delayindex._pure import index as _pure_index
 
@@ -33,6 +34,7 @@ PureTripleHeap = _pure_heap.TripleHeap
 PureTrackerCore = _pure_core.TrackerCore
 PureBucketCore = _pure_bucket.BucketCore
 PureLedgerIndex = _pure_index.LedgerIndex
+PureFront = _pure_front.Front
 pure_wall_clock_ms = _pure_clock.wall_clock_ms
 pure_sorted_positions = _pure_heap.sorted_positions
 #: The codec kernels: each is a function of both ``_native`` and ``_pure.codec``.
@@ -93,6 +95,7 @@ if TYPE_CHECKING:
         unpack_segment_times,
     )
     from delayindex._pure.core import TrackerCore
+    from delayindex._pure.front import Front
     from delayindex._pure.heap import TripleHeap, sorted_positions
     from delayindex._pure.index import LedgerIndex
     from delayindex.clock import wall_clock_ms
@@ -107,6 +110,7 @@ else:
         TrackerCore = _module.TrackerCore
         BucketCore = _module.BucketCore
         LedgerIndex = _module.LedgerIndex
+        Front = _module.Front
         wall_clock_ms = _module.wall_clock_ms
         sorted_positions = _module.sorted_positions
         _kernels = _module
@@ -114,6 +118,7 @@ else:
         TripleHeap, TrackerCore = PureTripleHeap, PureTrackerCore
         BucketCore = PureBucketCore
         LedgerIndex = PureLedgerIndex
+        Front = PureFront
         wall_clock_ms = pure_wall_clock_ms
         sorted_positions = pure_sorted_positions
         _kernels = _pure_codec
@@ -137,8 +142,10 @@ __all__ = [
     "CODEC_KERNELS",
     "IMPLEMENTATION",
     "BucketCore",
+    "Front",
     "LedgerIndex",
     "PureBucketCore",
+    "PureFront",
     "PureLedgerIndex",
     "NATIVE",
     "PureTrackerCore",

@@ -39,7 +39,8 @@ class OverridesMixin:
     _clock: Any
     _overrides_dirty: bool
     _overrides_used: bool
-    _queued: list[Any]
+    _queued: Any
+    _front: Any
 
     if TYPE_CHECKING:  # provided by DelayIndex
 
@@ -66,15 +67,16 @@ class OverridesMixin:
             ValueError: an id is out of range. TypeError: an id is not an int.
             TrackerClosedError: the index is closed.
         """
-        with self._lock:
-            try:
-                done = bool(self._core.cancel(ledger_id, entry_id))
-            except (TypeError, OverflowError):
-                _diagnose(ledger_id=ledger_id, entry_id=entry_id)
-                raise
-            if done:
-                self._overrides_dirty = self._overrides_used = True
-            return done
+        try:
+            done: bool = self._front.cancel(ledger_id, entry_id)
+        except (TypeError, OverflowError):
+            _diagnose(ledger_id=ledger_id, entry_id=entry_id)
+            raise
+        if done:
+            # Set after the lock is released: a flush that began before this call returned
+            # need not carry the cancel, and the next one will.
+            self._overrides_dirty = self._overrides_used = True
+        return done
 
     def cancel_many(self, ledger_ids: object, entry_ids: object) -> npt.NDArray[np.bool_]:
         """:meth:`cancel` each ``(ledger_ids[i], entry_ids[i])``; everything is validated

@@ -26,7 +26,7 @@ class TopicMixin:
     _catalog: Catalog
     _core: Any
     _lock: threading.Lock
-    _queued: list[Callable[[], None]]
+    _queued: Any
     _check_open: Callable[[], None]
     _now: Callable[[], int]
     _load: Callable[[int, int], None]

@@ -86,7 +86,7 @@ from delayindex.errors import (
     StorageError,
     TrackerClosedError,
 )
-from delayindex.model import ADD_DELIVER, ADD_SEAL_FIRST, ADD_TRACKED, MAX_TIME, Position
+from delayindex.model import MAX_TIME, Position
 from delayindex.policy import (
     resolve_overlaps,
     select_merge_window,
@@ -158,7 +158,9 @@ class DelayIndex(
         self._synchronous = bool(getattr(self._executor, "synchronous", False))
         self._buckets: dict[int, _Bucket] = {}
         self._next_sid = 0
-        self._queued: list[Callable[[], None]] = []
+        # A deque: consumers popleft while adds append, so no job is lost between a swap and
+        # an append, and the front keeps one reference to it.
+        self._queued: deque[Callable[[], None]] = deque()
         self._inflight: set[Future[None]] = set()
         self._inflight_lock = threading.Lock()
         self._merge_in_flight = False
@@ -172,6 +174,11 @@ class DelayIndex(
         self._persist_deletes: deque[str] = deque()
         self._persist_scheduled = False
         self._persist_wakeup = threading.Condition(self._lock)
+        self._front = _impl.Front(self._lock, self._clock, self._core)
+        self._front.arming = self._arming
+        self._front.seal = self._seal
+        self._front.queued = self._queued
+        self._front.submit = self._submit_queued
         self._flushing = 0
         self._deferred_creates: list[_PendingCreate] = []
         self._deferred_deletes: list[str] = []
@@ -294,10 +301,13 @@ class DelayIndex(
         self._queued.append(job)
 
     def _submit_queued(self) -> None:
-        while self._queued:
-            jobs, self._queued = self._queued, []
-            for job in jobs:
-                self._submit(job)
+        queued = self._queued
+        while queued:
+            try:
+                job = queued.popleft()
+            except IndexError:  # another thread took the last one
+                return
+            self._submit(job)
 
     def _submit(self, job: Callable[[], None]) -> None:
         def run() -> None:
@@ -324,7 +334,8 @@ class DelayIndex(
 
     def _submit_queued_from_job(self) -> None:
         with self._lock:
-            jobs, self._queued = self._queued, []
+            jobs = list(self._queued)
+            self._queued.clear()
         for job in jobs:
             self._submit(job)
 
@@ -345,29 +356,15 @@ class DelayIndex(
             ValueError: an id is out of range. TypeError: an argument is not an int.
             TrackerClosedError: the index is closed.
         """
-        # The hot path: one lock, one clock read, one core call (a closed index has a core
-        # whose add raises TrackerClosedError, so there is no separate closed check).
-        with self._lock:
-            now = self._clock()
-            try:
-                code = self._core.add(ledger_id, entry_id, deliver_at, now)
-                if code == ADD_SEAL_FIRST:  # nothing was done: seal, then add again
-                    self._seal()
-                    code = self._core.add(ledger_id, entry_id, deliver_at, now)
-            except (TypeError, OverflowError):
-                _diagnose(ledger_id=ledger_id, entry_id=entry_id, deliver_at=deliver_at)
-                self._now()
-                raise
-            arming = self._arming
-            if (
-                code == ADD_TRACKED
-                and arming is not None
-                and (arming.target < 0 or deliver_at < arming.target)
-            ):
-                arming.update(self._core.next_time(), now, self._core.tick_ms)
-        if self._queued:
-            self._submit_queued()
-        return bool(code != ADD_DELIVER)
+        # The hot path is one call into the front: lock, clock read, core call; it seals when
+        # the core asks to (then adds again), re-arms the timer, and submits queued jobs once
+        # the lock is released. A closed index has a core whose add raises TrackerClosedError.
+        try:
+            return self._front.add(ledger_id, entry_id, deliver_at)  # type: ignore[no-any-return]
+        except (TypeError, OverflowError):
+            _diagnose(ledger_id=ledger_id, entry_id=entry_id, deliver_at=deliver_at)
+            self._now()
+            raise
 
     def add_many(
         self, ledger_ids: object, entry_ids: object, deliver_ats: object
@@ -502,14 +499,11 @@ class DelayIndex(
 
     def contains(self, ledger_id: int, entry_id: int) -> bool:
         """Whether the position is tracked and not yet delivered. Safe from other threads."""
-        with self._lock:
-            if self._closed:
-                return False
-            try:
-                return self._core.contains(ledger_id, entry_id)  # type: ignore[no-any-return]
-            except (TypeError, OverflowError):
-                _diagnose(ledger_id=ledger_id, entry_id=entry_id)
-                raise
+        try:  # a closed index's core tracks nothing
+            return self._front.contains(ledger_id, entry_id)  # type: ignore[no-any-return]
+        except (TypeError, OverflowError):
+            _diagnose(ledger_id=ledger_id, entry_id=entry_id)
+            raise
 
     def __len__(self) -> int:
         """Number of tracked, undelivered positions (exact)."""
@@ -658,7 +652,7 @@ class DelayIndex(
             failure = exc
         with self._lock:
             self._core.clear()
-            self._core = _ClosedCore(self._core)
+            self._core = self._front.core = _ClosedCore(self._core)
             self._buckets.clear()
         mark_lost = failure is not None and self._catalog.mark_pending
         self._catalog.close()

@@ -27,7 +27,7 @@ from delayindex._ints import int64_array
 from delayindex.clock import Clock
 from delayindex.config import TrackerConfig
 from delayindex.errors import TrackerClosedError
-from delayindex.model import ADD_DELIVER, ADD_TRACKED, MAX_ENTRY_ID, MAX_TIME, MIN_TIME, Position
+from delayindex.model import ADD_DELIVER, MAX_ENTRY_ID, MAX_TIME, MIN_TIME, Position
 from delayindex.timers import ArmingRule, Timer
 from delayindex.tracker._front import TrackerFront, as_count
 
@@ -75,6 +75,8 @@ class InMemoryTracker(TrackerFront):
         self._core: Any = _impl.TrackerCore(**config.core_settings())
         self._lock = threading.Lock()
         self._arming = ArmingRule(timer, self._on_timer) if timer is not None else None
+        self._front = _impl.Front(self._lock, self._clock, self._core)
+        self._front.arming = self._arming
         self._on_ready = on_ready
         self._closed = False
         _registry.enroll(self)
@@ -96,22 +98,13 @@ class InMemoryTracker(TrackerFront):
                 ``0 <= entry_id < 2**32``) or ``deliver_at`` does not fit int64.
             TypeError: an argument is not an int.
         """
-        with self._lock:
-            now = self._clock()
-            try:
-                code = self._core.add(ledger_id, entry_id, deliver_at, now)
-            except (TypeError, OverflowError):
-                _diagnose(ledger_id=ledger_id, entry_id=entry_id, deliver_at=deliver_at)
-                self._now()  # names a bad clock value
-                raise
-            arming = self._arming
-            if (
-                code == ADD_TRACKED
-                and arming is not None
-                and (arming.target < 0 or deliver_at < arming.target)
-            ):
-                arming.update(self._core.next_time(), now, self._core.tick_ms)
-            return bool(code != ADD_DELIVER)
+        # The hot path is one call into the front (lock, clock, core, timer re-arm).
+        try:
+            return self._front.add(ledger_id, entry_id, deliver_at)
+        except (TypeError, OverflowError):
+            _diagnose(ledger_id=ledger_id, entry_id=entry_id, deliver_at=deliver_at)
+            self._now()  # names a bad clock value
+            raise
 
     def add_many(
         self, ledger_ids: object, entry_ids: object, deliver_ats: object
@@ -148,12 +141,11 @@ class InMemoryTracker(TrackerFront):
             ValueError: an id is out of range. TypeError: an id is not an int.
             TrackerClosedError: the tracker is closed.
         """
-        with self._lock:
-            try:
-                return bool(self._core.cancel(ledger_id, entry_id))
-            except (TypeError, OverflowError):
-                _diagnose(ledger_id=ledger_id, entry_id=entry_id)
-                raise
+        try:
+            return self._front.cancel(ledger_id, entry_id)
+        except (TypeError, OverflowError):
+            _diagnose(ledger_id=ledger_id, entry_id=entry_id)
+            raise
 
     def cancel_many(self, ledger_ids: object, entry_ids: object) -> npt.NDArray[np.bool_]:
         """:meth:`cancel` each ``(ledger_ids[i], entry_ids[i])``; everything is validated
@@ -256,12 +248,11 @@ class InMemoryTracker(TrackerFront):
 
     def contains(self, ledger_id: int, entry_id: int) -> bool:
         """Whether the position is tracked and not yet delivered. Safe from other threads."""
-        with self._lock:
-            try:
-                return self._core.contains(ledger_id, entry_id)  # type: ignore[no-any-return]
-            except (TypeError, OverflowError):
-                _diagnose(ledger_id=ledger_id, entry_id=entry_id)
-                raise
+        try:
+            return self._front.contains(ledger_id, entry_id)
+        except (TypeError, OverflowError):
+            _diagnose(ledger_id=ledger_id, entry_id=entry_id)
+            raise
 
     def __len__(self) -> int:
         """Number of tracked, undelivered positions (exact)."""
@@ -321,7 +312,7 @@ class InMemoryTracker(TrackerFront):
             if self._arming is not None:
                 self._arming.cancel()
             self._core.clear()
-            self._core = _ClosedCore(self._core)
+            self._core = self._front.core = _ClosedCore(self._core)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"tracked={len(self)}"

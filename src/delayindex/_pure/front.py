@@ -1,0 +1,91 @@
+"""Pure-Python twin of the native ``Front`` (``cython/delayindex/_front.pxi``).
+
+How it works. A tracker's public ``add``, ``contains`` and ``cancel`` each take its lock, read
+its clock and call its core; the front does exactly that, in one call, with the tracker's hooks
+called only when they apply: ``seal`` (lock held) when the core answers "seal first", after
+which the add is retried; ``arming.update`` when an add tracks a message due before the armed
+timer; ``submit`` after the lock is released when ``queued`` is not empty. The tracker sets
+``core`` when it replaces its core (on close).
+
+Invariants: none beyond the attributes' types (``_check`` is there for the twin API).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from delayindex._pure._ints import as_i64, check_ids
+
+_ADD_DELIVER = 0
+_ADD_TRACKED = 1
+_ADD_SEAL_FIRST = 3
+
+
+class Front:
+    """One call per hot tracker call: lock, clock, core, hooks.
+
+    ``Front(lock, clock, core)``: ``lock`` has ``acquire()``/``release()`` (a
+    ``threading.Lock``), ``clock()`` returns epoch ms, ``core`` is the tracker's core.
+    """
+
+    __slots__ = (
+        "_acquire",
+        "_clock",
+        "_lock",
+        "_release",
+        "arming",
+        "core",
+        "queued",
+        "seal",
+        "submit",
+    )
+
+    def __init__(self, lock: Any, clock: Callable[[], int], core: Any) -> None:
+        if not callable(clock):
+            raise TypeError("clock must be callable")
+        self._lock = lock
+        self._acquire = lock.acquire
+        self._release = lock.release
+        self._clock = clock
+        self.core: Any = core
+        self.arming: Any = None
+        self.seal: Callable[[], object] | None = None
+        self.queued: list[Any] | None = None
+        self.submit: Callable[[], object] | None = None
+
+    def add(self, ledger: int, entry: int, deliver_at: int) -> bool:
+        """``core.add`` at the clock's now, under the lock; True unless it is to be delivered
+        now. Bad arguments raise before anything happens."""
+        c_ledger, c_entry, time = as_i64(ledger), as_i64(entry), as_i64(deliver_at)
+        check_ids(c_ledger, c_entry)
+        with self._lock:
+            now = as_i64(self._clock())
+            core = self.core
+            code = core.add(ledger, entry, deliver_at, now)
+            if code == _ADD_SEAL_FIRST and self.seal is not None:
+                self.seal()
+                code = core.add(ledger, entry, deliver_at, now)
+            arming = self.arming
+            if code == _ADD_TRACKED and arming is not None:
+                target = arming.target
+                if target < 0 or time < target:
+                    arming.update(core.next_time(), now, core.tick_ms)
+        if self.queued and self.submit is not None:
+            self.submit()
+        return bool(code != _ADD_DELIVER)
+
+    def contains(self, ledger: int, entry: int) -> bool:
+        """``core.contains`` under the lock."""
+        check_ids(as_i64(ledger), as_i64(entry))
+        with self._lock:
+            return bool(self.core.contains(ledger, entry))
+
+    def cancel(self, ledger: int, entry: int) -> bool:
+        """``core.cancel`` under the lock: True if the position was tracked."""
+        check_ids(as_i64(ledger), as_i64(entry))
+        with self._lock:
+            return bool(self.core.cancel(ledger, entry))
+
+    def _check(self) -> None:
+        """Nothing to check beyond the types (the native twin checks its typed views)."""
