@@ -199,7 +199,19 @@ def test_ranged_bitmap_covers_word_and_bitset_edges(which: str) -> None:
     index._check()
 
 
-@given(pairs=st.lists(st.tuples(st.integers(0, 2**62), st.integers(0, 2**32 - 1)), max_size=60))
+_any_position = st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 2**32 - 1))
+# A poll's positions: few ledgers, small entries (the native radix sort's path, > 64 of them).
+_near_position = st.tuples(st.integers(10**12, 10**12 + 40), st.integers(0, 3000))
+
+
+@given(
+    pairs=st.one_of(
+        st.lists(_any_position, max_size=60),
+        st.lists(st.one_of(_near_position, _any_position), max_size=300),
+        st.lists(_near_position, min_size=65, max_size=1500),
+        st.lists(st.tuples(st.integers(0, 3), st.just(0)), min_size=65, max_size=200),
+    )
+)
 def test_sorted_positions_twins_agree_with_sorted(pairs: list[tuple[int, int]]) -> None:
     from delayindex._pure.heap import sorted_positions as pure_sorted_positions
     from delayindex.model import Position

@@ -101,7 +101,7 @@ cdef extern from *:
     DI_DEFINE_SORT(di_sort_tle, di_tle_lt)
     DI_DEFINE_SORT(di_sort_le, di_le_lt)
 
-    static void di_sort_pos(DiPos* a, Py_ssize_t n) {
+    static void di_qsort_pos(DiPos* a, Py_ssize_t n) {
         while (n > 16) {
             Py_ssize_t i = 0, j = n - 1, mid = n / 2;
             DiPos t, pivot;
@@ -117,8 +117,8 @@ cdef extern from *:
                 i++; j--;
             }
             /* recurse into the smaller side, loop on the larger: O(log n) stack */
-            if (j + 1 < n - j - 1) { di_sort_pos(a, j + 1); a += j + 1; n -= j + 1; }
-            else { di_sort_pos(a + j + 1, n - j - 1); n = j + 1; }
+            if (j + 1 < n - j - 1) { di_qsort_pos(a, j + 1); a += j + 1; n -= j + 1; }
+            else { di_qsort_pos(a + j + 1, n - j - 1); n = j + 1; }
         }
         for (Py_ssize_t i = 1; i < n; i++) {
             DiPos x = a[i];
@@ -126,6 +126,55 @@ cdef extern from *:
             while (k > 0 && di_pos_lt(&x, &a[k - 1])) { a[k] = a[k - 1]; k--; }
             a[k] = x;
         }
+    }
+
+    /* Sort positions (unique or not; ledgers >= 0, entries in [0, 2**32)). A poll's positions
+       span few ledger bits, so each packs into one key (ledger - min) << entry_bits | entry,
+       and an LSD radix sort of the keys (11-bit digits, usually 2-3 passes) beats the
+       quicksort's mispredicted compares 3-4x; the positions are rebuilt from the sorted keys.
+       Falls back to the quicksort when the keys would not fit or memory is short. */
+    static void di_sort_pos(DiPos* a, Py_ssize_t n) {
+        enum { DIGIT = 11 };
+        Py_ssize_t i, count[1 << DIGIT];
+        long long minl, maxl, mine, maxe;
+        unsigned long long *keys, *tmp, *src, *dst, lspan, emask;
+        int lbits, ebits, shift;
+        if (n <= 64) { di_qsort_pos(a, n); return; }
+        minl = maxl = a[0].ledger;
+        mine = maxe = a[0].entry;
+        for (i = 0; i < n; i++) {
+            if (a[i].ledger < minl) minl = a[i].ledger;
+            if (a[i].ledger > maxl) maxl = a[i].ledger;
+            if (a[i].entry < mine) mine = a[i].entry;
+            if (a[i].entry > maxe) maxe = a[i].entry;
+        }
+        if (minl < 0 || mine < 0 || maxe > 0xFFFFFFFFLL) { di_qsort_pos(a, n); return; }
+        lspan = (unsigned long long) maxl - (unsigned long long) minl;
+        lbits = lspan ? 64 - __builtin_clzll(lspan) : 0;
+        ebits = maxe ? 64 - __builtin_clzll((unsigned long long) maxe) : 0;
+        if (lbits + ebits > 64) { di_qsort_pos(a, n); return; }
+        keys = (unsigned long long*) malloc(2 * (size_t) n * sizeof(unsigned long long));
+        if (keys == NULL) { di_qsort_pos(a, n); return; }
+        tmp = keys + n;
+        for (i = 0; i < n; i++)
+            keys[i] = ((unsigned long long) (a[i].ledger - minl) << ebits)
+                      | (unsigned long long) a[i].entry;
+        src = keys; dst = tmp;
+        for (shift = 0; shift < lbits + ebits; shift += DIGIT) {
+            unsigned long long* swap;
+            Py_ssize_t total = 0, c;
+            memset(count, 0, sizeof(count));
+            for (i = 0; i < n; i++) count[(src[i] >> shift) & ((1 << DIGIT) - 1)]++;
+            for (i = 0; i < (1 << DIGIT); i++) { c = count[i]; count[i] = total; total += c; }
+            for (i = 0; i < n; i++) dst[count[(src[i] >> shift) & ((1 << DIGIT) - 1)]++] = src[i];
+            swap = src; src = dst; dst = swap;
+        }
+        emask = ebits ? (~0ULL >> (64 - ebits)) : 0;
+        for (i = 0; i < n; i++) {
+            a[i].ledger = (long long) ((unsigned long long) minl + (src[i] >> ebits));
+            a[i].entry = (long long) (src[i] & emask);
+        }
+        free(keys);
     }
     """
     ctypedef struct DiPos:
