@@ -1,10 +1,11 @@
 # TrackerCore: the sans-IO state machine behind InMemoryTracker.
 #
-# How it works. Every tracked position has exactly one bit in a per-ledger roaring bitmap (the
-# single dedup index; its total cardinality is ``count``) and one node (time, ledger, entry) in a
-# TripleHeap. A due re-add untracks the position at once (Pulsar #26230) but leaves its node in
-# the heap: the position goes into ``stale`` and the node is dropped when it reaches the head
-# ("dedup on pop"). Re-tracking a stale position first purges its old node (O(n), rare).
+# How it works. Every tracked position has exactly one bit in a LedgerIndex (the single dedup
+# index, dense bitsets per ledger as in BucketCore; its size is ``count``) and one node (time,
+# ledger, entry) in a TripleHeap. A due re-add untracks the position at once (Pulsar #26230)
+# but leaves its node in the heap: the position goes into ``stale`` and the node is dropped when
+# it reaches the head ("dedup on pop"). Re-tracking a stale position first purges its old node
+# (O(n), rare).
 #
 # Cancel and reschedule. ``cancel`` untracks and leaves the node behind as a *dead* one (counted
 # in ``dead``; no per-position record), and puts the position in ``cancelled``, a compact bitmap
@@ -15,19 +16,17 @@
 # any); poll skips the others. A reschedule to a node's own time can leave two identical live
 # nodes: poll delivers the first and skips the second, the browse methods count one.
 #
-# Bitmaps emptied by delivery are swept lazily, once as many positions have been delivered since
-# the last sweep as there are bitmaps, so the sweep is O(1) amortized per delivery and the hot
-# loop never asks a bitmap for its size.
+# Ledgers emptied by delivery keep their index slot until the index asks for a compaction
+# (O(1) amortized per delivery), so the hot loop never rehashes.
 #
-# Invariants (checked by _check): len(heap) == count + len(stale) + dead; count == sum of bitmap
-# cardinalities == positions with a live node; no position is both tracked and stale, or tracked
-# and cancelled; when stale and dead are empty every heap node is live, which is what lets poll
-# skip the membership test.
+# Invariants (checked by _check): the index's own; len(heap) == count + len(stale) + dead;
+# count == len(index) == positions with a live node; no position is both tracked and stale, or
+# tracked and cancelled; when stale and dead are empty every heap node is live, which is what
+# lets poll skip the membership test.
 #
 # Time comes in as an argument; the cutoff is now (strict) or now + tick, saturating at int64 max.
 
 cdef int64_t INT64_MAX_ = 0x7FFFFFFFFFFFFFFF
-cdef int64_t MAX_ENTRY = 0xFFFFFFFF
 
 ctypedef DiPos Pos
 
@@ -35,14 +34,6 @@ ctypedef DiPos Pos
 cdef int ADD_CANCELLED_ = 5
 #: memory_bytes' estimate per reschedule override (dict slot, tuple key, two ints).
 cdef Py_ssize_t MOVED_ENTRY_BYTES = 200
-
-
-cdef inline int check_ids(int64_t ledger, int64_t entry) except -1:
-    if ledger < 0:
-        raise ValueError(f"ledger_id must be >= 0, got {ledger}")
-    if entry < 0 or entry > MAX_ENTRY:
-        raise ValueError(f"entry_id must be in [0, 2**32), got {entry}")
-    return 0
 
 
 @cython.final
@@ -53,13 +44,11 @@ cdef class TrackerCore:
     """
 
     cdef TripleHeap heap
-    cdef dict bitmaps            # ledger id -> pyroaring.BitMap of tracked entry ids
+    cdef LedgerIndex index       # tracked positions
     cdef set stale               # (ledger, entry) whose heap node is no longer tracked
     cdef Py_ssize_t dead         # nodes of cancelled positions (neither tracked nor stale)
     cdef LedgerIndex cancelled   # cancel overrides (a re-add is refused)
     cdef dict moved              # (ledger, entry) -> deliver_at: reschedule overrides
-    cdef object last_bm          # cache: bitmap of the most recently used ledger
-    cdef int64_t last_ledger
     cdef Py_ssize_t count
     cdef int64_t _tick
     cdef readonly bint strict
@@ -70,7 +59,6 @@ cdef class TrackerCore:
     cdef int64_t n_add_calls, n_tracked, n_duplicates, n_rejected, n_untracked_due
     cdef int64_t n_delivered, n_stale_skipped, n_polls
     cdef int64_t n_cancelled, n_rescheduled, n_refused_cancelled
-    cdef int64_t delivered_since_sweep
     cdef int64_t lateness[LATENESS_BUCKETS]  # poll's delivery lateness counters
     cdef int64_t lateness_ms
 
@@ -80,13 +68,11 @@ cdef class TrackerCore:
         if fixed_delay_lookahead < 0:
             raise ValueError(f"fixed_delay_lookahead must be >= 0, got {fixed_delay_lookahead}")
         self.heap = TripleHeap()
-        self.bitmaps = {}
+        self.index = LedgerIndex()
         self.stale = set()
         self.dead = 0
         self.cancelled = LedgerIndex()
         self.moved = {}
-        self.last_bm = None
-        self.last_ledger = -1
         self.count = 0
         self._tick = tick_ms
         self.strict = strict
@@ -119,40 +105,10 @@ cdef class TrackerCore:
 
     # -- dedup index --------------------------------------------------------------------------
 
-    cdef inline object bitmap(self, int64_t ledger, bint create):
-        cdef object bm
-        if self.last_bm is not None and ledger == self.last_ledger:
-            return self.last_bm
-        bm = self.bitmaps.get(ledger)
-        if bm is None:
-            if not create:
-                return None
-            bm = BitMap()
-            self.bitmaps[ledger] = bm
-        self.last_ledger = ledger
-        self.last_bm = bm
-        return bm
-
-    cdef inline void drop_if_empty(self, int64_t ledger, object bm):
-        if not bm:
-            del self.bitmaps[ledger]
-            if ledger == self.last_ledger:
-                self.last_bm = None
-
-    cdef void sweep_empty_bitmaps(self):
-        empty = [ledger for ledger, bm in self.bitmaps.items() if not bm]
-        for ledger in empty:
-            del self.bitmaps[ledger]
-        self.last_bm = None
-        self.delivered_since_sweep = 0
-
     cdef bint untrack(self, int64_t ledger, int64_t entry) except -1:
-        cdef object bm = self.bitmap(ledger, False)
-        if bm is None or entry not in bm:
+        if not self.index.cdiscard(ledger, entry):
             return False
-        bm.remove(entry)
         self.count -= 1
-        self.drop_if_empty(ledger, bm)
         self.stale.add((ledger, entry))
         return True
 
@@ -160,12 +116,9 @@ cdef class TrackerCore:
         """Untrack for a cancel: the node stays behind as a dead one (no stale record: the
         cancel override keeps the position from being tracked again, except by reschedule,
         which purges the node)."""
-        cdef object bm = self.bitmap(ledger, False)
-        if bm is None or entry not in bm:
+        if not self.index.cdiscard(ledger, entry):
             return False
-        bm.remove(entry)
         self.count -= 1
-        self.drop_if_empty(ledger, bm)
         self.dead += 1
         return True
 
@@ -183,7 +136,7 @@ cdef class TrackerCore:
 
     cdef int cadd(self, int64_t ledger, int64_t entry, int64_t deliver_at,
                   int64_t cutoff) except -1:
-        cdef object bm, moved_to
+        cdef object moved_to
         self.n_add_calls += 1
         if self.cancelled.count and self.cancelled.ccontains(ledger, entry):
             self.n_refused_cancelled += 1
@@ -199,8 +152,7 @@ cdef class TrackerCore:
             if self.count and self.untrack(ledger, entry):
                 self.n_untracked_due += 1
             return 0
-        bm = self.bitmap(ledger, True)
-        if entry in bm:
+        if self.index.ccontains(ledger, entry):
             self.n_duplicates += 1
             self.note_deliver_at(deliver_at)
             return 2
@@ -209,7 +161,7 @@ cdef class TrackerCore:
             self.dead -= self.heap.remove_position(ledger, entry) - 1
             self.stale.discard((ledger, entry))
         self.heap.cpush(deliver_at, ledger, entry)
-        bm.add(entry)
+        self.index.cadd(ledger, entry)
         self.count += 1
         self.n_tracked += 1
         self.note_deliver_at(deliver_at)
@@ -307,15 +259,13 @@ cdef class TrackerCore:
                 if (self.stale or self.dead) and not self.live(top.time, top.ledger, top.entry):
                     self.skipped(top.ledger, top.entry)
                     continue
-                bm = self.bitmap(top.ledger, False)
-                bm.discard(top.entry)
+                self.index.cdiscard(top.ledger, top.entry)
                 record_lateness(self.lateness, &self.lateness_ms, c_now - top.time)
                 buf[k].ledger = top.ledger
                 buf[k].entry = top.entry
                 k += 1
             self.count -= k
             self.n_delivered += k
-            self.delivered_since_sweep += k
             self.heap._maybe_shrink()
             di_sort_pos(buf, k)
             out = [None] * k
@@ -328,8 +278,8 @@ cdef class TrackerCore:
                 out[i] = di_make_pair(Position, ledger_obj, buf[i].entry)
         finally:
             free(buf)
-        if self.delivered_since_sweep > len(self.bitmaps):
-            self.sweep_empty_bitmaps()
+        if self.index.wants_compaction():
+            self.index.compact()
         if self.count == 0:
             self.reset_when_empty()
         return out
@@ -337,9 +287,7 @@ cdef class TrackerCore:
     cdef void reset_when_empty(self):
         self.fixed_delay = True
         self.highest = 0
-        self.bitmaps.clear()
-        self.last_bm = None
-        self.delivered_since_sweep = 0
+        self.index.clear()
         if self.heap.n:
             # Only stale and dead nodes are left.
             self.n_stale_skipped += self.heap.n
@@ -415,11 +363,10 @@ cdef class TrackerCore:
 
     cdef inline bint live(self, int64_t time, int64_t ledger, int64_t entry):
         """Whether a node is its position's live copy (tracked, and at the override's time)."""
-        cdef object bm, moved_to
+        cdef object moved_to
         if not self.stale and not self.dead:
             return True
-        bm = self.bitmap(ledger, False)
-        if bm is None or entry not in bm:
+        if not self.index.ccontains(ledger, entry):
             return False
         if self.moved:
             moved_to = self.moved.get((ledger, entry))
@@ -496,37 +443,32 @@ cdef class TrackerCore:
         return self.ccontains(c_ledger, c_entry)
 
     cdef inline bint ccontains(self, int64_t ledger, int64_t entry) except -1:
-        cdef object bm = self.bitmap(ledger, False)
-        return bm is not None and entry in bm
+        return self.index.ccontains(ledger, entry)
 
     def __len__(self) -> int:
         return self.count
 
     def compact(self) -> None:
-        """Release bitmaps emptied by deliveries now rather than lazily."""
-        self.sweep_empty_bitmaps()
+        """Release the index's sets emptied by deliveries now rather than lazily."""
+        self.index.compact()
 
     def clear(self) -> None:
         """Drop every tracked position, the cancel and reschedule overrides, and reset
         fixed-delay detection."""
         self.heap.cclear()
-        self.bitmaps.clear()
+        self.index.clear()
         self.stale.clear()
         self.dead = 0
         self.cancelled.clear()
         self.moved.clear()
-        self.last_bm = None
         self.count = 0
         self.fixed_delay = True
         self.highest = 0
-        self.delivered_since_sweep = 0
 
     def memory_bytes(self) -> int:
-        """Resident estimate: heap array + bitmaps + index containers."""
+        """Resident estimate: heap array + dedup index + override containers."""
         cdef Py_ssize_t total = self.heap.cap * sizeof(Triple)
-        total += sys.getsizeof(self.bitmaps) + sys.getsizeof(self.stale)
-        for bm in self.bitmaps.values():
-            total += sys.getsizeof(bm) + BITMAP_OVERHEAD
+        total += self.index.memory_bytes() + sys.getsizeof(self.stale)
         total += self.cancelled.memory_bytes() + sys.getsizeof(self.moved)
         return total + MOVED_ENTRY_BYTES * len(self.moved)
 
@@ -537,7 +479,7 @@ cdef class TrackerCore:
             "heap_nodes": self.heap.n,
             "stale_nodes": len(self.stale),
             "dead_nodes": self.dead,
-            "bitmaps": len(self.bitmaps),
+            "bitmaps": self.index.num_ledgers,
             "add_calls": self.n_add_calls,
             "added": self.n_tracked,
             "duplicates": self.n_duplicates,
@@ -560,11 +502,9 @@ cdef class TrackerCore:
     def _check(self) -> None:
         """Assert the invariants listed at the top of this file."""
         self.heap._check()
-        cardinality = 0
-        for bm in self.bitmaps.values():
-            cardinality += len(bm)
-        if cardinality != self.count:
-            raise AssertionError(f"count {self.count} != bitmap cardinality {cardinality}")
+        self.index._check()
+        if len(self.index) != self.count:
+            raise AssertionError(f"count {self.count} != index size {len(self.index)}")
         if self.heap.n != self.count + len(self.stale) + self.dead:
             raise AssertionError(
                 f"heap has {self.heap.n} nodes, expected count {self.count} + stale "
@@ -573,8 +513,7 @@ cdef class TrackerCore:
         for i in range(self.heap.n):
             node = self.heap.data[i]
             pos = (node.ledger, node.entry)
-            bm = self.bitmaps.get(pos[0])
-            tracked = bm is not None and pos[1] in bm
+            tracked = self.index.contains(*pos)
             if tracked and pos in self.stale:
                 raise AssertionError(f"position {pos} is tracked and stale")
             if tracked and self.cancelled.contains(*pos):

@@ -17,7 +17,9 @@
 # set are never both present; the table's load stays under 3/4.
 
 from cpython.ref cimport PyObject, Py_XDECREF, Py_INCREF
-from libc.string cimport memcpy
+from libc.stdint cimport uint64_t
+from libc.stdlib cimport calloc, free, malloc, realloc
+from libc.string cimport memcpy, memset
 
 import array as _array
 

@@ -247,9 +247,20 @@ cdef inline int64_t as_i64(object value) except? -1:
     return PyLong_AsLongLong(value)
 
 
+cdef int64_t MAX_ENTRY = 0xFFFFFFFF
+
+
+cdef inline int check_ids(int64_t ledger, int64_t entry) except -1:
+    if ledger < 0:
+        raise ValueError(f"ledger_id must be >= 0, got {ledger}")
+    if entry < 0 or entry > MAX_ENTRY:
+        raise ValueError(f"entry_id must be in [0, 2**32), got {entry}")
+    return 0
+
+
 include "_heap.pxi"
+include "_index.pxi"
 include "_core.pxi"
 include "_codec.pxi"
-include "_index.pxi"
 include "_bucket.pxi"
 include "_front.pxi"

@@ -11,7 +11,8 @@ position at the new time. A node is live when its position is tracked and its ti
 override's (if any); the native module header has the details.
 
 Bitmaps emptied by delivery are swept lazily (once as many positions were delivered since the
-last sweep as there are bitmaps), exactly as the native core does.
+last sweep as there are bitmaps). The native twin keeps the same set in a LedgerIndex instead;
+the ``bitmaps`` counter is the number of ledgers holding a position in both.
 
 Invariants (``_check``): heap size == tracked + stale + dead; count == bitmap cardinality ==
 positions with a live node; no position is both tracked and stale, or tracked and cancelled."""
@@ -356,7 +357,8 @@ class TrackerCore(TickedCore):
             "heap_nodes": len(self._heap),
             "stale_nodes": len(self._stale),
             "dead_nodes": self._dead,
-            "bitmaps": len(self._bitmaps),
+            # Ledgers holding a position (the native twin's LedgerIndex.num_ledgers).
+            "bitmaps": sum(1 for bm in self._bitmaps.values() if bm),
             **self._n,
             "lateness": list(self._lateness.counts),
             "lateness_ms": self._lateness.total_ms,
