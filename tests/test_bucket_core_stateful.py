@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from pyroaring import BitMap
 
 from delayindex import _impl
+from delayindex.model import Position
 from delayindex.storage._overrides import Overrides
 
 native_module = _impl.native_module_or_none()
@@ -223,6 +224,21 @@ class BucketCoreMachine(RuleBasedStateMachine):
         got = self._both("poll", n, self.now)
         assert got == sorted(got)
         assert len(got) <= max(n, 0)
+        for pos in got:
+            key = (pos.ledger_id, pos.entry_id)
+            assert key in self.tracked, f"{key} delivered but not tracked"
+            assert self.tracked.pop(key) <= self._cutoff(), f"{key} delivered early"
+        self._after_poll()
+
+    @rule(n=st.integers(-1, 6), m=st.integers(-1, 6))
+    def poll_then_merge(self, n: int, m: int) -> None:
+        """As DelayIndex.poll around a load: a second poll merged into the first's result."""
+        first = self._both("poll", n, self.now)
+        if self.cores[0].load_needed >= 0:
+            self._after_poll()
+        got = self._both("poll", m, self.now, first)
+        assert got == sorted(got) and set(first) <= set(got)
+        assert len(got) <= max(n, 0) + max(m, 0) and all(type(p) is Position for p in got)
         for pos in got:
             key = (pos.ledger_id, pos.entry_id)
             assert key in self.tracked, f"{key} delivered but not tracked"

@@ -28,6 +28,7 @@
 # its head or placeholder, in heap order; array cursors lie within their arrays; mutable nodes
 # lie in the mutable range.
 
+from cpython.tuple cimport PyTuple_Check, PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from sortedcontainers import SortedDict
 
 ctypedef struct Head:
@@ -925,11 +926,12 @@ cdef class BucketCore:
         bufp[0] = buf
         return k
 
-    def poll(self, max_n, now) -> list:
+    def poll(self, max_n, now, list prior=None) -> list:
         """Remove up to ``max_n`` due positions, chosen in (time, ledger, entry) order.
 
         Stops early at a due placeholder and sets ``load_needed``. Returns the positions sorted
-        by position.
+        by position; with ``prior`` (a list of positions sorted by position, from an earlier
+        poll), merged with them into one new sorted list.
         """
         cdef int64_t c_max = as_i64(max_n)
         cdef int64_t c_now = as_i64(now)
@@ -944,7 +946,7 @@ cdef class BucketCore:
         if c_max <= 0:
             self.n_polls += 1
             self.load_needed = -1
-            return []
+            return [] if prior is None else list(prior)
         k = self.take_due(c_max, cutoff, &keys)
         try:
             # Compact the keys into positions in place (a Pos is smaller than a Triple, and
@@ -957,6 +959,8 @@ cdef class BucketCore:
                 buf[i].ledger = ledger
                 buf[i].entry = entry
             di_sort_pos(buf, k)
+            if prior is not None:
+                return merge_positions(prior, buf, k)
             out = [None] * k
             for i in range(k):
                 if buf[i].ledger != prev:
@@ -1128,6 +1132,34 @@ cdef class BucketCore:
                     raise AssertionError(f"source {sid}: head missing from heads")
             elif sid in seen:
                 raise AssertionError(f"source {sid} is used up but still in heads")
+
+
+cdef list merge_positions(list prior, const Pos* buf, Py_ssize_t k):
+    """``prior`` (positions sorted by position) merged with ``buf[:k]`` (sorted) into a new
+    list: one pass, comparing ints, where ``list.sort`` would compare tuples in Python."""
+    cdef Py_ssize_t n = len(prior), i = 0, j = 0, o = 0
+    cdef list out = [None] * (n + k)
+    cdef object item = None
+    cdef int64_t ledger = 0, entry = 0
+    cdef bint have = False
+    while i < n or j < k:
+        if i < n and not have:
+            item = prior[i]
+            if not PyTuple_Check(item) or PyTuple_GET_SIZE(item) != 2:
+                raise TypeError(f"prior[{i}] is not a position")
+            ledger = <object> PyTuple_GET_ITEM(item, 0)
+            entry = <object> PyTuple_GET_ITEM(item, 1)
+            have = True
+        if j >= k or (have and (ledger < buf[j].ledger
+                                or (ledger == buf[j].ledger and entry <= buf[j].entry))):
+            out[o] = item
+            i += 1
+            have = False
+        else:
+            out[o] = di_make_pair(Position, buf[j].ledger, buf[j].entry)
+            j += 1
+        o += 1
+    return out
 
 
 def sorted_positions(const int64_t[:] ledgers not None, const int64_t[:] entries not None):

@@ -572,16 +572,18 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
             self._highest = 0
         return out
 
-    def poll(self, max_n: int, now: int) -> list[Position]:
+    def poll(self, max_n: int, now: int, prior: list[Position] | None = None) -> list[Position]:
         """Remove up to ``max_n`` due positions, chosen in (time, ledger, entry) order.
 
         Stops early at a due placeholder and sets :attr:`load_needed` to its source. Returns
-        the positions sorted by position.
+        the positions sorted by position; with ``prior`` (sorted, from an earlier poll), merged
+        with them into one new sorted list.
         """
         keys = self._take_due(max_n, now)
         for time, _, _ in keys:
             self._lateness.note(now - time)
-        return sorted(Position(ledger, entry) for _, ledger, entry in keys)
+        new = [Position(ledger, entry) for _, ledger, entry in keys]
+        return sorted(new if prior is None else [*prior, *new])
 
     def poll_keys(self, max_n: int, now: int) -> tuple[Int64Array, Int64Array, Int64Array]:
         """As :meth:`poll`, but return ``(times, ledgers, entries)`` int64 arrays in selection

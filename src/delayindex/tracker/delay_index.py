@@ -466,19 +466,15 @@ class DelayIndex(
             now = self._now()
             want = min(max_messages, MAX_TIME)
             out: list[Position] = self._core.poll(want, now)
-            extra: list[Position] = []
             # Each load reads the segment, quarantines a damaged bucket or moves a failing
             # one's placeholder past the cutoff: the loop always ends, and no bucket holds the
-            # others back.
-            while self._core.load_needed >= 0 and len(out) + len(extra) < want:
+            # others back. Each later poll merges its positions into ``out`` (sorted).
+            while self._core.load_needed >= 0 and len(out) < want:
                 self._load(self._core.load_needed, now)
-                extra.extend(self._core.poll(want - len(out) - len(extra), now))
+                out = self._core.poll(want - len(out), now, out)
             self._after_take(now)
         if self._queued:
             self._submit_queued()
-        if extra:
-            out.extend(extra)
-            out.sort()
         return out
 
     def _after_take(self, now: int) -> None:
