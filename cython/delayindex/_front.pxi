@@ -1,17 +1,21 @@
 # Front: the hot calls of a tracker (pure twin: delayindex/_pure/front.py).
 #
-# How it works. A tracker's public ``add``, ``contains`` and ``cancel`` each take its lock, read
-# its clock and call its core. Done in Python that is about two thirds of a call; here it is one
-# native call: the arguments are converted once, the lock's bound ``acquire``/``release`` are
-# called directly, the default wall clock is read with clock_gettime (any other clock is
-# called), and a native core (TrackerCore or BucketCore) is reached through its C methods. Any
-# other core (the closed stand-in) is called through Python, so the tracker swaps ``core`` on
-# close and the front follows.
+# How it works. A tracker's public ``add``, ``contains``, ``cancel``, ``poll`` and
+# ``tracked_entries`` each take its lock, read its clock and call its core. Done in Python that
+# is about two thirds of a call; here it is one native call: the arguments are converted once,
+# the lock's bound ``acquire``/``release`` are called directly, the default wall clock is read
+# with clock_gettime (any other clock is called), and a native core (TrackerCore or BucketCore)
+# is reached through its C methods. Any other core (the closed stand-in) is called through
+# Python, so the tracker swaps ``core`` on close and the front follows.
 #
 # What a tracker adds around the core call stays the tracker's, as hooks the front calls only
 # when they apply: ``seal`` when a BucketCore answers "seal first" (then the add is retried),
-# ``arming.update`` when an add tracks a message due before the armed timer, and ``submit``
-# after the lock is released when ``queued`` (a list) is not empty.
+# ``arming.update`` when an add tracks a message due before the armed timer (and after each
+# poll, unless ``after_poll`` is set: it re-arms itself), ``check_open`` before a poll, ``load``
+# when a poll stops at a due segment placeholder (then the poll goes on, merging into what it
+# has), and ``submit`` after the lock is released when ``queued`` (a list) is not empty.
+# ``closed``, set by the tracker under its lock, makes ``contains`` and ``tracked_entries``
+# answer as for an empty tracker.
 #
 # Invariants (_check): ``tcore``/``bcore`` is ``core`` when ``core`` is of that type, else None.
 
@@ -36,6 +40,10 @@ cdef class Front:
     cdef public object seal     # called (lock held) when the core answers "seal first"
     cdef public object queued   # a list or None: when not empty after an add, submit() is called
     cdef public object submit
+    cdef public object check_open   # called (lock held) before a poll; raises when closed
+    cdef public object load         # load(source_id, now), lock held: a placeholder came due
+    cdef public object after_poll   # after_poll(now), lock held: replaces the timer re-arm
+    cdef public bint closed
 
     def __cinit__(self, object lock, object clock, object core):
         if not callable(clock):
@@ -46,6 +54,8 @@ cdef class Front:
         self._clock = clock
         self._wall = clock is wall_clock_ms
         self.arming = self.seal = self.queued = self.submit = None
+        self.check_open = self.load = self.after_poll = None
+        self.closed = False
         self.core = core
 
     @property
@@ -108,7 +118,9 @@ cdef class Front:
         check_ids(c_ledger, c_entry)
         self._acquire()
         try:
-            if self.bcore is not None:
+            if self.closed:
+                found = False
+            elif self.bcore is not None:
                 found = self.bcore.index.ccontains(c_ledger, c_entry)
             elif self.tcore is not None:
                 found = self.tcore.ccontains(c_ledger, c_entry)
@@ -135,6 +147,54 @@ cdef class Front:
         finally:
             self._release()
         return done
+
+    def poll(self, int64_t max_messages) -> list:
+        """``core.poll`` at the clock's now, under the lock, loading due segments through
+        ``load`` as long as more is wanted; positions sorted by position."""
+        cdef int64_t now
+        cdef list out
+        cdef object core
+        if max_messages <= 0:
+            max_messages = 0
+        self._acquire()
+        try:
+            if self.check_open is not None:
+                self.check_open()
+            now = self.now()
+            core = self._core
+            out = core.poll(max_messages, now)
+            if self.load is not None:
+                # Each load makes progress (reads, quarantines, or moves a failing bucket's
+                # placeholder past the cutoff), so the loop ends.
+                while core.load_needed >= 0 and len(out) < max_messages:
+                    self.load(core.load_needed, now)
+                    out = core.poll(max_messages - len(out), now, out)
+            if self.after_poll is not None:
+                self.after_poll(now)
+            elif self.arming is not None:
+                self.arming.update(core.next_time(), now, core.tick_ms)
+        finally:
+            self._release()
+        if self.queued is not None and len(self.queued):
+            self.submit()
+        return out
+
+    def tracked_entries(self, ledger, first, last):
+        """``core.index_bitmap(ledger, first, last)`` under the lock: a new BitMap (empty when
+        nothing is tracked there, the range is empty or the tracker is closed)."""
+        cdef int64_t c_ledger = as_i64(ledger)
+        cdef int64_t c_first = as_i64(first)
+        cdef int64_t c_last = as_i64(last)
+        check_ids(c_ledger, c_first)
+        check_ids(c_ledger, c_last)
+        if c_last < c_first:
+            return BitMap()
+        self._acquire()
+        try:
+            bm = None if self.closed else self._core.index_bitmap(c_ledger, c_first, c_last)
+        finally:
+            self._release()
+        return BitMap() if bm is None else bm
 
     def _check(self) -> None:
         """Raise AssertionError if the typed views disagree with ``core``."""

@@ -179,6 +179,9 @@ class DelayIndex(
         self._front.seal = self._seal
         self._front.queued = self._queued
         self._front.submit = self._submit_queued
+        self._front.check_open = self._check_open
+        self._front.load = self._load
+        self._front.after_poll = self._after_take
         self._flushing = 0
         self._deferred_creates: list[_PendingCreate] = []
         self._deferred_deletes: list[str] = []
@@ -461,21 +464,17 @@ class DelayIndex(
         that load fails, the positions before it are returned and the next call retries.
         """
         max_messages = as_count(max_messages)
-        with self._lock:
-            self._check_open()
-            now = self._now()
-            want = min(max_messages, MAX_TIME)
-            out: list[Position] = self._core.poll(want, now)
-            # Each load reads the segment, quarantines a damaged bucket or moves a failing
-            # one's placeholder past the cutoff: the loop always ends, and no bucket holds the
-            # others back. Each later poll merges its positions into ``out`` (sorted).
-            while self._core.load_needed >= 0 and len(out) < want:
-                self._load(self._core.load_needed, now)
-                out = self._core.poll(want - len(out), now, out)
-            self._after_take(now)
-        if self._queued:
-            self._submit_queued()
-        return out
+        # One call into the front: under the lock it checks the index is open, polls the core
+        # at the clock's now and, while more is wanted and a segment placeholder is due, loads
+        # it (_load reads the segment, quarantines a damaged bucket or moves a failing one's
+        # placeholder past the cutoff: the loop always ends, no bucket holds the others back)
+        # and polls again, merging into what it has; then _after_take. Queued jobs are
+        # submitted once the lock is released.
+        try:
+            return self._front.poll(max_messages)  # type: ignore[no-any-return]
+        except TypeError:
+            self._now()  # names a bad clock value
+            raise
 
     def _after_take(self, now: int) -> None:
         """After positions were taken (under the lock): retire exhausted buckets, retry what
@@ -510,16 +509,14 @@ class DelayIndex(
 
         A dispatcher can skip reading these entries: they will be delivered by the index.
         """
-        _diagnose(ledger_id=ledger_id, entry_id=first_entry)
-        _diagnose(ledger_id=ledger_id, entry_id=last_entry)
-        out = BitMap()
-        if last_entry < first_entry:
-            return out
-        with self._lock:
-            if self._closed:
-                return out
-            bm = self._core.index_bitmap(ledger_id, first_entry, last_entry)
-        return out if bm is None else bm
+        try:
+            return self._front.tracked_entries(  # type: ignore[no-any-return]
+                ledger_id, first_entry, last_entry
+            )
+        except (TypeError, OverflowError):
+            _diagnose(ledger_id=ledger_id, entry_id=first_entry)
+            _diagnose(ledger_id=ledger_id, entry_id=last_entry)
+            raise
 
     # -- durability ----------------------------------------------------------------------------
 
@@ -632,7 +629,7 @@ class DelayIndex(
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
+            self._closed = self._front.closed = True
             _registry.withdraw(self)
             if self._arming is not None:
                 self._arming.cancel()

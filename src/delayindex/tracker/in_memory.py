@@ -235,11 +235,11 @@ class InMemoryTracker(TrackerFront):
         sorted by position. ``max_messages <= 0`` returns ``[]``. Re-arms the timer.
         """
         max_messages = as_count(max_messages)
-        with self._lock:
-            now = self._now()
-            out: list[Position] = self._core.poll(min(max_messages, MAX_TIME), now)
-            self._rearm(now)
-            return out
+        try:  # one call into the front: lock, clock, core, timer re-arm
+            return self._front.poll(max_messages)
+        except TypeError:
+            self._now()  # names a bad clock value
+            raise
 
     def next_delivery_time(self) -> int | None:
         """Smallest tracked ``deliver_at``, or None when nothing is tracked."""
@@ -307,7 +307,7 @@ class InMemoryTracker(TrackerFront):
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
+            self._closed = self._front.closed = True
             _registry.withdraw(self)
             if self._arming is not None:
                 self._arming.cancel()
