@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from pyroaring import BitMap
@@ -385,3 +386,22 @@ def test_placeholder_blocks_until_loaded() -> None:
         assert core.poll(10, 30) == [(1, 1), (5, 0)]
         assert core.take_exhausted() == [0]
         core._check()
+
+
+def test_restore_many_twins_agree_and_check_the_offsets() -> None:
+    ledgers = np.array([3, 5, 9], dtype=np.int64)
+    offsets = np.array([0, 2, 2, 5], dtype=np.int64)
+    entries = np.array([1, 7, 0, 4, 4000], dtype=np.uint32)
+    for core in (native_module.BucketCore(0, True, 0, 10), _impl.PureBucketCore(0, True, 0, 10)):
+        assert core.restore_many(ledgers, offsets, entries) == 5  # ledger 5 gets none
+        assert core.restore_many(ledgers, offsets, entries) == 0  # nothing new the second time
+        assert [p for p in [(3, 1), (3, 7), (9, 0), (9, 4000), (5, 0)] if core.contains(*p)] == [
+            (3, 1),
+            (3, 7),
+            (9, 0),
+            (9, 4000),
+        ]
+        for bad in ([0, 2, 2], [0, 2, 1, 5], [0, 2, 2, 6], [-1, 2, 2, 5]):
+            with pytest.raises(ValueError, match="offsets"):
+                core.restore_many(ledgers, np.array(bad, dtype=np.int64), entries)
+        assert len(core) == 5

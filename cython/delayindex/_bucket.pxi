@@ -253,11 +253,19 @@ cdef class BucketCore:
         return self.index.restore(ledger, bitmap)
 
     def restore_many(self, ledgers, offsets, entries) -> int:
-        """``restore`` each ledger ``ledgers[i]`` with ``entries[offsets[i]:offsets[i + 1]]``."""
-        cdef Py_ssize_t i, added = 0
-        bounds = np.asarray(offsets).tolist()
-        for i, ledger in enumerate(np.asarray(ledgers).tolist()):
-            added += self.index.restore(ledger, entries[bounds[i]:bounds[i + 1]])
+        """``restore`` each ledger ``ledgers[i]`` with ``entries[offsets[i]:offsets[i + 1]]``
+        (recovery: one native loop over the ledgers of a bucket)."""
+        cdef const int64_t[::1] lv = np.ascontiguousarray(ledgers, dtype=np.int64)
+        cdef const int64_t[::1] ov = np.ascontiguousarray(offsets, dtype=np.int64)
+        cdef const uint32_t[::1] ev = np.ascontiguousarray(entries, dtype=np.uint32)
+        cdef Py_ssize_t i, added = 0, n = lv.shape[0]
+        if ov.shape[0] != n + 1 or (n and (ov[0] < 0 or ov[n] > ev.shape[0])):
+            raise ValueError("offsets do not frame the entries")
+        for i in range(n):
+            if ov[i + 1] < ov[i]:
+                raise ValueError("offsets do not ascend")
+            if ov[i + 1] > ov[i]:
+                added += self.index.crestore(lv[i], &ev[ov[i]], ov[i + 1] - ov[i])
         return added
 
     def index_bitmap(self, int64_t ledger, int64_t first=0, int64_t last=0xFFFFFFFF):

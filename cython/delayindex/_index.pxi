@@ -17,7 +17,7 @@
 # set are never both present; the table's load stays under 3/4.
 
 from cpython.ref cimport PyObject, Py_XDECREF, Py_INCREF
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset
 
@@ -456,21 +456,28 @@ cdef class LedgerIndex:
         """Add every entry of ``entries`` (a BitMap or integer array) to ``ledger``; return
         how many were new."""
         cdef const uint32_t[::1] values
-        cdef Py_ssize_t i, added = 0, k
-        cdef LSet* s
         if isinstance(entries, BitMap):
             arr = np.array(entries.to_array(), dtype=np.uint32)
         else:
             arr = np.ascontiguousarray(entries, dtype=np.uint32)
         values = arr
-        k = values.shape[0]
+        if values.shape[0] == 0:
+            return 0
+        return self.crestore(ledger, &values[0], values.shape[0])
+
+    cdef Py_ssize_t crestore(self, int64_t ledger, const uint32_t* values,
+                             Py_ssize_t k) except -1:
+        """Add ``values[:k]`` (entries, ascending as snapshots give them) to ``ledger``;
+        return how many were new."""
+        cdef Py_ssize_t i, added = 0
+        cdef LSet* s
         if k == 0:
             return 0
         if ledger < 0:
             raise ValueError(f"ledger_id must be >= 0, got {ledger}")
         s = self.find_or_insert(ledger)
         if s.sparse == NULL and s.words == NULL:
-            # Size the bitset once for the whole batch (entries come sorted from snapshots).
+            # Size the bitset once for the whole batch.
             self.grow(s, values[0])
             self.grow(s, values[k - 1])
         for i in range(k):

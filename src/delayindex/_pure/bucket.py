@@ -31,6 +31,7 @@ source, equal to its head or placeholder; mutable ledgers lie in the mutable ran
 from __future__ import annotations
 
 import heapq
+import itertools
 import sys
 from typing import Any
 
@@ -227,6 +228,11 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
         """``restore`` each ledger ``ledgers[i]`` with ``entries[offsets[i]:offsets[i + 1]]``."""
         bounds = np.asarray(offsets).tolist()
         values = np.asarray(entries)
+        n = len(np.asarray(ledgers))
+        if len(bounds) != n + 1 or (n and (bounds[0] < 0 or bounds[n] > len(values))):
+            raise ValueError("offsets do not frame the entries")
+        if any(b < a for a, b in itertools.pairwise(bounds)):
+            raise ValueError("offsets do not ascend")
         return sum(
             self._index.restore(ledger, values[bounds[i] : bounds[i + 1]])
             for i, ledger in enumerate(np.asarray(ledgers).tolist())
