@@ -490,6 +490,31 @@ def test_decode_segments_valid(
         assert _sorted_per_segment(times, args[5]) == want
 
 
+def test_decode_segments_scratch_kept_and_fresh() -> None:
+    """The native decode keeps its scratch between calls up to a limit and allocates a fresh
+    one beyond it (a segment of more than 8 MiB / 52 B = 161 k indexes): small, large, then
+    small again must all decode exactly, after a failed decode too."""
+    rng = np.random.default_rng(5)
+    for n in (10, 200_000, 300, 200_000, 7):
+        positions = rng.choice(10**6, size=n, replace=False)
+        times = rng.integers(0, 1000, size=n)
+        metadata, segments = build_snapshot(
+            times.tolist(),
+            (positions // 1000).tolist(),
+            (positions % 1000).tolist(),
+            max_time_step_ms=10**6,
+            max_indexes_per_segment=-1,
+        )
+        _, entries = codec.split_object(codec.encode_snapshot(metadata, segments), "k")
+        args = _kernel_args(metadata, entries, 1, metadata.num_segments + 1)
+        got = _native_module().decode_segments(*args)
+        _assert_equal(got, _expected(segments), f"decode_segments of {n}")
+        damaged = list(args)
+        damaged[0] = damaged[0][:-1] + bytes([damaged[0][-1] ^ 1])  # a checksum byte
+        with pytest.raises(ValueError):
+            _native_module().decode_segments(*damaged)
+
+
 @given(_snapshots(), st.data())
 def test_decode_segments_flipped_checksum(
     snap: tuple[SnapshotMetadata, list[Segment], list[bytes]], data: st.DataObject
