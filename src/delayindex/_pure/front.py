@@ -18,11 +18,7 @@ from typing import Any
 from pyroaring import BitMap
 
 from delayindex._pure._ints import as_i64, check_ids
-from delayindex.model import Position
-
-_ADD_DELIVER = 0
-_ADD_TRACKED = 1
-_ADD_SEAL_FIRST = 3
+from delayindex.model import ADD_DELIVER, ADD_SEAL_FIRST, ADD_TRACKED, Position
 
 
 class Front:
@@ -58,7 +54,7 @@ class Front:
         self.core: Any = core
         self.arming: Any = None
         self.seal: Callable[[], object] | None = None
-        self.queued: list[Any] | None = None
+        self.queued: Any = None  # a Sized (DelayIndex: its deque of jobs) or None
         self.submit: Callable[[], object] | None = None
         self.check_open: Callable[[], object] | None = None
         self.load: Callable[[int, int], object] | None = None
@@ -74,17 +70,17 @@ class Front:
             now = as_i64(self._clock())
             core = self.core
             code = core.add(ledger, entry, deliver_at, now)
-            if code == _ADD_SEAL_FIRST and self.seal is not None:
+            if code == ADD_SEAL_FIRST and self.seal is not None:
                 self.seal()
                 code = core.add(ledger, entry, deliver_at, now)
             arming = self.arming
-            if code == _ADD_TRACKED and arming is not None:
+            if code == ADD_TRACKED and arming is not None:
                 target = arming.target
                 if target < 0 or time < target:
                     arming.update(core.next_time(), now, core.tick_ms)
         if self.queued and self.submit is not None:
             self.submit()
-        return bool(code != _ADD_DELIVER)
+        return bool(code != ADD_DELIVER)
 
     def contains(self, ledger: int, entry: int) -> bool:
         """``core.contains`` under the lock."""

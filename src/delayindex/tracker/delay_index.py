@@ -304,6 +304,8 @@ class DelayIndex(
         self._queued.append(job)
 
     def _submit_queued(self) -> None:
+        """Submit every queued job. No lock needed: each job is taken by exactly one popleft,
+        whichever thread (a caller after its call, a finished job, flush) gets to it."""
         queued = self._queued
         while queued:
             try:
@@ -319,7 +321,7 @@ class DelayIndex(
             except Exception:  # a bug: log it, never kill the executor thread silently
                 _log.exception("delayindex %s: background job failed", self._name)
             finally:
-                self._submit_queued_from_job()
+                self._submit_queued()
 
         try:
             future = self._executor.submit(run)
@@ -334,13 +336,6 @@ class DelayIndex(
     def _forget_future(self, future: Future[None]) -> None:
         with self._inflight_lock:
             self._inflight.discard(future)
-
-    def _submit_queued_from_job(self) -> None:
-        with self._lock:
-            jobs = list(self._queued)
-            self._queued.clear()
-        for job in jobs:
-            self._submit(job)
 
     # -- adding -----------------------------------------------------------------------------------
 
@@ -576,7 +571,7 @@ class DelayIndex(
                             self._catalog.persist_mark_delete()
                         release_free_memory()
                         return
-                    self._submit_queued_from_job()
+                    self._submit_queued()
                     continue
                 for future in pending:
                     future.result()
