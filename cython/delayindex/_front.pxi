@@ -38,7 +38,7 @@ cdef class Front:
     cdef BucketCore bcore
     cdef public object arming   # ArmingRule or None
     cdef public object seal     # called (lock held) when the core answers "seal first"
-    cdef public object queued   # a list or None: when not empty after an add, submit() is called
+    cdef public object queued   # a Sized (a deque) or None: not empty after a call -> submit()
     cdef public object submit
     cdef public object check_open   # called (lock held) before a poll; raises when closed
     cdef public object load         # load(source_id, now), lock held: a placeholder came due
@@ -106,7 +106,7 @@ cdef class Front:
                     self.arming.update(self._core.next_time(), now, self._core.tick_ms)
         finally:
             self._release()
-        if self.queued is not None and len(self.queued):
+        if self.queued is not None and len(self.queued) and self.submit is not None:
             self.submit()
         return code != ADD_DELIVER_
 
@@ -175,7 +175,7 @@ cdef class Front:
                 self.arming.update(core.next_time(), now, core.tick_ms)
         finally:
             self._release()
-        if self.queued is not None and len(self.queued):
+        if self.queued is not None and len(self.queued) and self.submit is not None:
             self.submit()
         return out
 
