@@ -1,7 +1,7 @@
 # TrackerCore: the sans-IO state machine behind InMemoryTracker.
 #
 # How it works. Every tracked position has exactly one bit in a LedgerIndex (the single dedup
-# index, dense bitsets per ledger as in BucketCore; its size is ``count``) and one node (time,
+# index, dense bitsets per ledger as in BucketCore; len(core) == len(index)) and one node (time,
 # ledger, entry) in a TripleHeap. A due re-add untracks the position at once (Pulsar #26230)
 # but leaves its node in the heap: the position goes into ``stale`` and the node is dropped when
 # it reaches the head ("dedup on pop"). Re-tracking a stale position first purges its old node
@@ -19,8 +19,8 @@
 # Ledgers emptied by delivery keep their index slot until the index asks for a compaction
 # (O(1) amortized per delivery), so the hot loop never rehashes.
 #
-# Invariants (checked by _check): the index's own; len(heap) == count + len(stale) + dead;
-# count == len(index) == positions with a live node; no position is both tracked and stale, or
+# Invariants (checked by _check): the index's own; len(heap) == len(index) + len(stale) + dead;
+# len(index) == positions with a live node; no position is both tracked and stale, or
 # tracked and cancelled; when stale and dead are empty every heap node is live, which is what
 # lets poll skip the membership test.
 #
@@ -49,7 +49,6 @@ cdef class TrackerCore:
     cdef Py_ssize_t dead         # nodes of cancelled positions (neither tracked nor stale)
     cdef LedgerIndex cancelled   # cancel overrides (a re-add is refused)
     cdef dict moved              # (ledger, entry) -> deliver_at: reschedule overrides
-    cdef Py_ssize_t count
     cdef int64_t _tick
     cdef readonly bint strict
     cdef readonly int64_t fixed_delay_lookahead
@@ -73,7 +72,6 @@ cdef class TrackerCore:
         self.dead = 0
         self.cancelled = LedgerIndex()
         self.moved = {}
-        self.count = 0
         self._tick = tick_ms
         self.strict = strict
         self.fixed_delay_lookahead = fixed_delay_lookahead
@@ -108,7 +106,6 @@ cdef class TrackerCore:
     cdef bint untrack(self, int64_t ledger, int64_t entry) except -1:
         if not self.index.cdiscard(ledger, entry):
             return False
-        self.count -= 1
         self.stale.add((ledger, entry))
         return True
 
@@ -118,7 +115,6 @@ cdef class TrackerCore:
         which purges the node)."""
         if not self.index.cdiscard(ledger, entry):
             return False
-        self.count -= 1
         self.dead += 1
         return True
 
@@ -149,7 +145,7 @@ cdef class TrackerCore:
             # Expiry is checked before dedup: a due re-add untracks (Pulsar #26230).
             self.fixed_delay = False
             self.n_rejected += 1
-            if self.count and self.untrack(ledger, entry):
+            if self.index.count and self.untrack(ledger, entry):
                 self.n_untracked_due += 1
             return 0
         if self.index.ccontains(ledger, entry):
@@ -162,7 +158,6 @@ cdef class TrackerCore:
             self.stale.discard((ledger, entry))
         self.heap.cpush(deliver_at, ledger, entry)
         self.index.cadd(ledger, entry)
-        self.count += 1
         self.n_tracked += 1
         self.note_deliver_at(deliver_at)
         return 1
@@ -264,7 +259,6 @@ cdef class TrackerCore:
                 buf[k].ledger = top.ledger
                 buf[k].entry = top.entry
                 k += 1
-            self.count -= k
             self.n_delivered += k
             self.heap._maybe_shrink()
             di_sort_pos(buf, k)
@@ -280,7 +274,7 @@ cdef class TrackerCore:
             free(buf)
         if self.index.wants_compaction():
             self.index.compact()
-        if self.count == 0:
+        if self.index.count == 0:
             self.reset_when_empty()
         return out
 
@@ -433,7 +427,7 @@ cdef class TrackerCore:
     def should_pause(self, now) -> bool:
         """Pulsar's fixed-delay detection: pause reads while delays look fixed and none is due."""
         return (self.fixed_delay_lookahead > 0 and self.fixed_delay
-                and self.count >= self.fixed_delay_lookahead and not self.has_due(now))
+                and self.index.count >= self.fixed_delay_lookahead and not self.has_due(now))
 
     def contains(self, ledger, entry) -> bool:
         """Whether ``(ledger, entry)`` is tracked and not yet delivered."""
@@ -446,7 +440,7 @@ cdef class TrackerCore:
         return self.index.ccontains(ledger, entry)
 
     def __len__(self) -> int:
-        return self.count
+        return self.index.count
 
     def compact(self) -> None:
         """Release the index's sets emptied by deliveries now rather than lazily."""
@@ -461,7 +455,6 @@ cdef class TrackerCore:
         self.dead = 0
         self.cancelled.clear()
         self.moved.clear()
-        self.count = 0
         self.fixed_delay = True
         self.highest = 0
 
@@ -475,7 +468,7 @@ cdef class TrackerCore:
     def counters(self) -> dict:
         """Operation counters and gauges."""
         return {
-            "tracked": self.count,
+            "tracked": self.index.count,
             "heap_nodes": self.heap.n,
             "stale_nodes": len(self.stale),
             "dead_nodes": self.dead,
@@ -503,11 +496,9 @@ cdef class TrackerCore:
         """Assert the invariants listed at the top of this file."""
         self.heap._check()
         self.index._check()
-        if len(self.index) != self.count:
-            raise AssertionError(f"count {self.count} != index size {len(self.index)}")
-        if self.heap.n != self.count + len(self.stale) + self.dead:
+        if self.heap.n != self.index.count + len(self.stale) + self.dead:
             raise AssertionError(
-                f"heap has {self.heap.n} nodes, expected count {self.count} + stale "
+                f"heap has {self.heap.n} nodes, expected count {self.index.count} + stale "
                 f"{len(self.stale)} + dead {self.dead}")
         live = set()
         for i in range(self.heap.n):
@@ -522,5 +513,6 @@ cdef class TrackerCore:
                 live.add(pos)
         if not self.dead and len(live) != self.heap.n - len(self.stale):
             raise AssertionError("a position has two live nodes without a reschedule")
-        if len(live) != self.count:
-            raise AssertionError(f"{self.count} tracked positions, {len(live)} with a live node")
+        if len(live) != self.index.count:
+            raise AssertionError(
+                f"{self.index.count} tracked positions, {len(live)} with a live node")

@@ -32,7 +32,7 @@ cdef class Front:
     ``threading.Lock``), ``clock()`` returns epoch ms, ``core`` is the tracker's core.
     """
 
-    cdef object _lock, _acquire, _release, _clock, _core
+    cdef object _acquire, _release, _clock, _core   # the bound methods keep the lock
     cdef bint _wall
     cdef TrackerCore tcore
     cdef BucketCore bcore
@@ -48,7 +48,6 @@ cdef class Front:
     def __cinit__(self, object lock, object clock, object core):
         if not callable(clock):
             raise TypeError("clock must be callable")
-        self._lock = lock
         self._acquire = lock.acquire
         self._release = lock.release
         self._clock = clock

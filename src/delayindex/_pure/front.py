@@ -29,10 +29,8 @@ class Front:
     """
 
     __slots__ = (
-        "_acquire",
         "_clock",
         "_lock",
-        "_release",
         "after_poll",
         "arming",
         "check_open",
@@ -48,8 +46,6 @@ class Front:
         if not callable(clock):
             raise TypeError("clock must be callable")
         self._lock = lock
-        self._acquire = lock.acquire
-        self._release = lock.release
         self._clock = clock
         self.core: Any = core
         self.arming: Any = None

@@ -20,6 +20,8 @@ the mark: tracked positions are cancelled or rescheduled again, and the rest are
 from __future__ import annotations
 
 import threading
+from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,7 +41,7 @@ class OverridesMixin:
     _clock: Any
     _overrides_dirty: bool
     _overrides_used: bool
-    _queued: Any
+    _queued: deque[Callable[[], None]]
     _front: Any
 
     if TYPE_CHECKING:  # provided by DelayIndex

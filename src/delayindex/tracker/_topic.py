@@ -9,6 +9,7 @@ topic's commits like the mark-delete position (``_note_subscriptions``).
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ class TopicMixin:
     _catalog: Catalog
     _core: Any
     _lock: threading.Lock
-    _queued: Any
+    _queued: deque[Callable[[], None]]
     _check_open: Callable[[], None]
     _now: Callable[[], int]
     _load: Callable[[int, int], None]
