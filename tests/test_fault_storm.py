@@ -79,7 +79,10 @@ MAX_OPEN_ATTEMPTS = 1_000
 MAX_EMPTY_POLLS = 50
 #: Injected failures a run must see (measured: ~230 inline in both modes; with the thread
 #: executor group commit batches more, so there are fewer storage calls: ~80-100).
-MIN_INJECTED = {"inline": 150, "thread": 20}  # a thread batches more: fewer calls
+# A thread batches more (fewer calls), and how much depends on scheduling: the pure build's
+# thread storm of seed 2026 drew 18-143 injected failures over 16 local runs (19-36 on older
+# code), and 18 failed CI. 10 still shows the faults hit; the inline storm keeps its 150.
+MIN_INJECTED = {"inline": 150, "thread": 10}
 
 Int64Array = npt.NDArray[np.int64]
 
