@@ -68,6 +68,17 @@ def exporter() -> Iterator[tuple[CollectorRegistry, int]]:
         thread.join(5)
 
 
+def test_register_installs_on_every_new_registry_even_at_a_reused_address() -> None:
+    # A registry freed and another allocated at its address (CPython reuses it at once) must
+    # still get the collector: registries are remembered by object, not by id().
+    for _ in range(50):
+        registry = CollectorRegistry()
+        assert register(registry) is not None
+        assert register(registry) is None
+        assert "delayindex_info" in {family.name for family in registry.collect()}
+        del registry
+
+
 def scrape(port: int) -> dict[str, Any]:
     """family name -> {(sample name, sorted labels): value}, read over HTTP."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:

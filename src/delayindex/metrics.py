@@ -41,6 +41,7 @@ Families (gauges unless noted; see ``docs/operations.md`` for what to do about e
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -119,7 +120,9 @@ _GAUGES: tuple[tuple[str, str, Callable[[Stats], float]], ...] = (
      "messages come late).", lambda s: _size(s, "retrying_loads")),
 )  # fmt: skip
 
-_registered: set[int] = set()
+# Weak, keyed by the registry object: an id() would be reused by a later registry allocated at
+# a freed one's address, which would then silently get no collector.
+_registered: weakref.WeakSet[CollectorRegistry] = weakref.WeakSet()
 _registered_lock = threading.Lock()
 
 
@@ -132,11 +135,11 @@ def register(registry: CollectorRegistry | None = None) -> DelayIndexCollector |
     """
     target = REGISTRY if registry is None else registry
     with _registered_lock:
-        if id(target) in _registered:
+        if target in _registered:
             return None
         collector = DelayIndexCollector()
         target.register(collector)
-        _registered.add(id(target))
+        _registered.add(target)
         return collector
 
 
