@@ -31,6 +31,16 @@ allocator's luck: its ``-tuned`` twin is gated instead). Several runs of the sam
 record is gated on its best change over them.
 New records (not in the baseline) and missing ones are reported, never failed.
 
+**Confirmation** (``--confirm``, what ``delayindex bench --gate`` uses): when a run fails, the
+offenders alone (each record past the row tolerance, every time record of a structure past the
+tolerance) are run again at once in a fresh pytest process, with a few unflagged records as a
+speed reference, and each offender is gated on its better change of the two runs. A slowdown in
+the code shows in both; a memory-layout or scheduling accident of one process (short records
+moved up to 1.7x that way between clean runs) rarely does. The rerun's figures are put on the
+first run's scale: its machine factor is the first run's (see :func:`confirmed_changes`), times
+the rerun's speed on the reference records relative to the first run, so a machine that sped up
+between the two cannot hide a slowdown.
+
 Usage (from the repository root)::
 
     pytest benchmarks --benchmark-enable --bench-tier quick --benchmark-json run.json
@@ -47,6 +57,8 @@ Usage (from the repository root)::
     # the same on a clean run, without running it again: the injection busy-waits each timed
     # call to factor times its duration, so it scales the structure's time figures exactly
     python benchmarks/gate.py run.json --simulate-slowdown delay_index:1.3
+    # a failing run's offenders run again before the verdict (see Confirmation)
+    python benchmarks/gate.py run.json --confirm
 
 The baseline may be a full pytest-benchmark JSON file or the reduced form written by
 ``--write-baseline`` (the same keys, fewer of them). Standard library only, so the gate runs
@@ -61,10 +73,15 @@ import json
 import math
 import statistics
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+# Loaded by path (the CLI, the tests) as well as run as a script: find the sibling module.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gate_confirm
 
 DEFAULT_BASELINE = Path(__file__).resolve().parent / "baseline-quick.json"
 DEFAULT_TOLERANCE = 0.15
@@ -545,6 +562,17 @@ def build_parser() -> argparse.ArgumentParser:
         "would catch that slowdown",
     )
     parser.add_argument(
+        "--confirm",
+        action="store_true",
+        help="when the run fails, run its offenders again at once (with a few other records as "
+        "a speed reference) and gate each on its better change of the two runs",
+    )
+    parser.add_argument(
+        "--tier",
+        default="quick",
+        help="with --confirm: the --bench-tier of the rerun (default quick, as the run's)",
+    )
+    parser.add_argument(
         "--write-baseline",
         type=Path,
         metavar="OUT",
@@ -576,9 +604,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {len(reduced['benchmarks'])} records to {args.write_baseline}")
             return 0
         baseline = ratios(load_records(args.baseline))
-        runs, merged, factors, ungated = [], {}, [], {}
+        runs, merged, factors, ungated, every = [], {}, [], {}, []
         for path in args.run:
             records = load_records(path)
+            every.extend(records)
             ungated.update(_ungated(records))
             if simulated is not None:
                 records = simulate_slowdown(records, *simulated)
@@ -590,14 +619,70 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (GateInputError, OSError) as exc:
         print(f"gate: {exc}", file=sys.stderr)
         return 2
-    verdict = compare(
-        best_changes(runs), merged, baseline, args.tolerance, args.row_tolerance,
-        statistics.median(factors), ungated,
-    )  # fmt: skip
+    best = best_changes(runs)
+    factor = statistics.median(factors)
+    verdict = compare(best, merged, baseline, args.tolerance, args.row_tolerance, factor, ungated)
     print(f"gate: {', '.join(map(str, args.run))} against {args.baseline}")
+    if args.confirm and not verdict.ok:
+        try:
+            best, note = _confirm(verdict, every, best, args.tier, simulated)
+        except (GateInputError, gate_confirm.RerunError, OSError) as exc:
+            print(f"gate: {exc}", file=sys.stderr)
+            return 2
+        print(note)
+        verdict = compare(
+            best, merged, baseline, args.tolerance, args.row_tolerance, factor, ungated
+        )
     for line in report(verdict, args.tolerance, args.row_tolerance):
         print(line)
     return 0 if verdict.ok else 1
+
+
+def _confirm(
+    verdict: Verdict,
+    records: list[dict[str, Any]],
+    best: dict[Key, Change],
+    tier: str,
+    simulated: tuple[str, float] | None,
+) -> tuple[dict[Key, Change], str]:
+    """Run the offenders again (see Confirmation in the module doc); each record's better
+    change of the two runs, and a line saying what was run."""
+    names = {
+        (str(r.get("group") or r["name"]), str(r["name"])): str(r["fullname"])
+        for r in records
+        if r.get("fullname")
+    }
+    offenders, references = gate_confirm.targets(
+        {(c.now.group, c.now.name) for c in verdict.regressions},
+        {kind for kind, _, _ in verdict.slower_kinds},
+        {key: (c.kind, c.now.metric, c.now.value) for key, c in best.items()},
+        names,
+        REFERENCE_KINDS,
+    )
+    if not offenders:
+        return best, "confirmation: no offender has a pytest node id; nothing run again"
+    with tempfile.TemporaryDirectory(prefix="gate-confirm-") as tmp:
+        out = gate_confirm.run_again(
+            [names[k] for k in offenders + references], Path(tmp) / "rerun.json", tier
+        )
+        rerun = load_records(out)
+    if simulated is not None and any(
+        (r.get("extra_info") or {}).get("kind") == simulated[0] for r in rerun
+    ):
+        rerun = simulate_slowdown(rerun, *simulated)
+    again = ratios(rerun)
+    figures = {key: (r.value, r.metric) for key, r in again.items()}
+    scales = gate_confirm.scales({k: c.now.value for k, c in best.items()}, figures, references)
+    confirmed = {
+        key: Change(again[key], was.before, was.kind, was.change * scale, was.row_change * scale)
+        for key, scale in scales.items()
+        for was in (best[key],)
+    }
+    note = (
+        f"confirmation: {len(offenders)} offending benchmarks run again (with "
+        f"{len(references)} references); each gated on its better change of the two runs"
+    )
+    return best_changes([best, confirmed]), note
 
 
 if __name__ == "__main__":

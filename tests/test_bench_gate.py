@@ -360,3 +360,92 @@ def test_a_slow_stretch_of_the_run_is_not_a_regression(
     capsys.readouterr()
     assert _gate(tmp_path, _long_run(**{"op9[delay_index]": 1.6}), _long_run()) == 1
     assert "op9[delay_index]]: time x1.60 of the baseline (+60%)" in capsys.readouterr().out
+
+
+# -- confirmation rerun (--confirm) -------------------------------------------------------------
+
+
+def _named(run: dict[str, Any]) -> dict[str, Any]:
+    """``run`` with pytest node ids, as a real pytest-benchmark JSON file has them."""
+    for row in run["benchmarks"]:
+        row["fullname"] = f"benchmarks/bench_x.py::{row['name']}"
+    return run
+
+
+@pytest.fixture
+def rerun(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Replaces the real rerun: ``calls`` records the node ids asked for; ``run`` is the run
+    whose records for those ids the rerun returns."""
+    state: dict[str, Any] = {"calls": [], "run": _named(_run())}
+
+    def fake(node_ids: list[str], out: Path, tier: str) -> Path:
+        state["calls"].append((list(node_ids), tier))
+        wanted = set(node_ids)
+        rows = [r for r in state["run"]["benchmarks"] if r["fullname"] in wanted]
+        return _write(out, {"benchmarks": rows})
+
+    monkeypatch.setattr(gate.gate_confirm, "run_again", fake)
+    return state
+
+
+def test_confirm_reruns_only_a_failing_runs_offenders_and_references(
+    tmp_path: Path, rerun: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One record 2x slower in the run, as it was in the rerun: confirmed, still a regression.
+    rerun["run"] = _named(_run(**{"add[delay_index]": 2.0}))
+    slow = _named(_run(**{"add[delay_index]": 2.0}))
+    assert _gate(tmp_path, slow, _run(), "--confirm") == 1
+    [(ids, tier)] = rerun["calls"]
+    assert tier == "quick" and ids[0] == "benchmarks/bench_x.py::add[delay_index]"
+    references = ids[1:]
+    assert len(references) == gate.gate_confirm.REFERENCES
+    assert not any("heapq" in name or "add[delay_index]" in name for name in references)
+    assert "confirmation: 1 offending benchmarks run again" in capsys.readouterr().out
+    # A clean run reruns nothing.
+    assert _gate(tmp_path, _named(_run()), _run(), "--confirm") == 0
+    assert len(rerun["calls"]) == 1
+
+
+def test_confirm_passes_an_accident_of_one_process(tmp_path: Path, rerun: dict[str, Any]) -> None:
+    """A record slow in the run but not in the rerun (a layout or scheduling accident)."""
+    noisy = _named(_run(**{"add[delay_index]": 2.0}))
+    assert _gate(tmp_path, noisy, _run()) == 1  # without --confirm it fails
+    assert _gate(tmp_path, noisy, _run(), "--confirm") == 0
+
+
+def test_confirm_keeps_a_structures_slowdown(tmp_path: Path, rerun: dict[str, Any]) -> None:
+    rerun["run"] = _named(_run(kinds={"in_memory": 1.3}))
+    assert _gate(tmp_path, _named(_run(kinds={"in_memory": 1.3})), _run(), "--confirm") == 1
+    [(ids, _)] = rerun["calls"]
+    offenders = [name for name in ids if "in_memory" in name]
+    assert len(offenders) == len(GROUPS)  # every time record of the slower structure
+
+
+def test_confirm_corrects_for_a_machine_that_sped_up(tmp_path: Path, rerun: dict[str, Any]) -> None:
+    """The rerun ran 1.3x faster across the board (references too): the slowdown stays."""
+    rerun["run"] = _named(_run(scale=1 / 1.3, kinds={"in_memory": 1.3}))
+    assert _gate(tmp_path, _named(_run(kinds={"in_memory": 1.3})), _run(), "--confirm") == 1
+    # ... and a machine that slowed down does not turn a clean rerun into a regression.
+    rerun["run"] = _named(_run(scale=1.5))
+    noisy = _named(_run(**{"add[delay_index]": 2.0}))
+    assert _gate(tmp_path, noisy, _run(), "--confirm") == 0
+
+
+def test_confirm_applies_a_simulated_slowdown_to_the_rerun_too(
+    tmp_path: Path, rerun: dict[str, Any]
+) -> None:
+    clean = _named(_run())
+    assert _gate(tmp_path, clean, _run(), "--confirm", "--simulate-slowdown", "in_memory:1.3") == 1
+    assert rerun["calls"]
+
+
+def test_a_failed_rerun_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(node_ids: list[str], out: Path, tier: str) -> Path:
+        raise gate.gate_confirm.RerunError("confirmation rerun failed (exit 4): ['no tests']")
+
+    monkeypatch.setattr(gate.gate_confirm, "run_again", broken)
+    slow = _named(_run(**{"add[delay_index]": 2.0}))
+    assert _gate(tmp_path, slow, _run(), "--confirm") == 2
+    assert "confirmation rerun failed" in capsys.readouterr().err

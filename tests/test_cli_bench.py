@@ -109,7 +109,8 @@ def _suite(tmp_path: Path, tier: str = "quick", extra: str = "") -> Path:
     suite.mkdir()
     (suite / "conftest.py").write_text(_CONFTEST, encoding="utf-8")
     (suite / "test_fake.py").write_text(_BENCH.format(tier=tier, extra=extra), encoding="utf-8")
-    shutil.copy(REPO / "benchmarks" / "gate.py", suite / "gate.py")
+    for module in ("gate.py", "gate_confirm.py"):
+        shutil.copy(REPO / "benchmarks" / module, suite / module)
     return suite
 
 
@@ -145,3 +146,24 @@ def test_a_failing_benchmark_exits_1(tmp_path: Path) -> None:
     done = _bench(suite, "--json-out", "out.json")
     assert done.returncode == EXIT_CHECK_FAILED, done.stdout + done.stderr
     assert "the check failed" in done.stdout
+
+
+@pytest.mark.parametrize("scale, code", [(100.0, EXIT_OK), (0.01, EXIT_CHECK_FAILED)])
+def test_gate_gates_the_run_and_confirms_a_failure(tmp_path: Path, scale: float, code: int) -> None:
+    """``--gate`` after the run: against a baseline 100x slower it passes; against one 100x
+    faster it fails, after running the offender again (a real rerun, in a fresh process)."""
+    suite = _suite(tmp_path)
+    first = _bench(suite, "--json-out", "first.json")
+    assert first.returncode == EXIT_OK, first.stdout + first.stderr
+    data = json.loads((tmp_path / "first.json").read_text(encoding="utf-8"))
+    for record in data["benchmarks"]:
+        if record["extra_info"]["kind"] == "delay_index":
+            record["stats"]["min"] *= scale
+    (suite / "baseline-quick.json").write_text(json.dumps(data), encoding="utf-8")
+    done = _bench(suite, "--json-out", "out.json", "--gate")
+    assert done.returncode == code, done.stdout + done.stderr
+    if code == EXIT_OK:
+        assert "OK: 1 benchmarks" in done.stdout and "confirmation" not in done.stdout
+    else:
+        assert "confirmation: 1 offending benchmarks run again" in done.stdout
+        assert "REGRESSION" in done.stdout and "delay_index row" in done.stdout

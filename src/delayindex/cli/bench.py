@@ -74,6 +74,12 @@ def register(sub: Any) -> None:
         default=None,
         help="only benchmarks matching this pytest -k expression",
     )
+    bench.add_argument(
+        "--gate",
+        action="store_true",
+        help="then gate the run against the stored baseline (benchmarks/gate.py --confirm: a "
+        "failing run's offenders are run again once before the verdict); exit 1 on a regression",
+    )
     bench.set_defaults(func=handler(_bench, (((_UsageError,), EXIT_USAGE, "error"),)))
 
 
@@ -138,6 +144,9 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
     console.print(
         f"JSON: {out}\nGate: python {suite / 'gate.py'} {out}", highlight=False, soft_wrap=True
     )
+    if code == 0 and args.gate:
+        sys.stdout.flush()
+        code = int(gate.main([str(out), "--confirm", f"--tier={args.tier}"]))
     return {0: EXIT_OK, 1: EXIT_CHECK_FAILED}.get(code, EXIT_USAGE)
 
 
