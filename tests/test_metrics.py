@@ -118,6 +118,35 @@ def check_histogram(
     assert value(metrics, family, family + "_sum", **labels) == pytest.approx(total)
 
 
+def test_an_index_whose_stats_raise_is_counted_and_logged_and_costs_no_other_its_series(
+    exporter: tuple[Any, int], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, port = exporter
+    clock = ManualClock(T0)
+    good = DelayIndex.open(MemoryStorage(clock=clock), "good", TINY, clock=clock)
+    bad = DelayIndex.open(MemoryStorage(clock=clock), "bad", TINY, clock=clock)
+    try:
+        good.add(1, 0, T0 + 100)
+
+        def broken() -> dict[str, Any]:
+            raise RuntimeError("stats exploded")
+
+        monkeypatch.setattr(bad, "stats", broken)
+        with caplog.at_level("WARNING", logger="delayindex"):
+            scrape(port)
+            families = scrape(port)
+        delayed = families["delayindex_delayed"]
+        assert delayed[("delayindex_delayed", (("index", "good"),))] == 1.0
+        assert not any(("index", "bad") in labels for _, labels in delayed)
+        errors = families["delayindex_collect_errors"]
+        assert errors[("delayindex_collect_errors_total", (("index", "bad"),))] == 2.0
+        logged = [r.getMessage() for r in caplog.records if "stats exploded" in r.getMessage()]
+        assert len(logged) == 1 and "index bad" in logged[0]  # once per index and kind
+    finally:
+        good.close()
+        bad.close()
+
+
 def test_the_exporter_reports_every_family_over_http(exporter: tuple[Any, int]) -> None:
     _, port = exporter
     clock = ManualClock(T0)

@@ -36,6 +36,10 @@ Families (gauges unless noted; see ``docs/operations.md`` for what to do about e
     delayindex_subscription_backlog{subscription}       positions still to receive
     delayindex_subscription_lag{subscription}           due-log keys not yet read
     delayindex_info{implementation,build}     1, labelled with the build (native or pure, and why)
+    delayindex_collect_errors_total           counter: scrapes whose stats() of the index raised
+
+A tracker whose ``stats()`` raises is left out of that scrape, never the others; the failure is
+counted in ``delayindex_collect_errors_total`` and logged once per index and kind of error.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from delayindex import _registry
 from delayindex._lateness import upper_bounds_seconds
+from delayindex.tracker._damage import ProblemLog
 from delayindex.tracker._stats import OP_LATENCY_BOUNDS_MS
 
 __all__ = ["DelayIndexCollector", "register"]
@@ -157,15 +162,41 @@ class DelayIndexCollector(Collector):
         for name, tracker in rows:
             try:
                 stats = tracker.stats()
-            except Exception:
+            except Exception as exc:  # one index's failure must not cost the others theirs
+                _note_collect_error(name, exc)
                 continue
             if stats.get("closed"):
                 continue
             snapshots.append((name, tracker, stats))
+        errors = CounterMetricFamily(
+            "delayindex_collect_errors",
+            "Scrapes in which the index's stats() raised (its series were missing; see the log).",
+            labels=["index"],
+        )
+        with _errors_lock:
+            for name, count in sorted(_collect_errors.items()):
+                errors.add_metric([name], float(count))
+        yield errors
         yield from _gauges(snapshots)
         yield from _operations(snapshots)
         yield from _lateness(snapshots)
         yield from _subscriptions(snapshots)
+
+
+#: Per index name: the scrapes in which its stats() raised (kept for the process's life).
+_collect_errors: dict[str, int] = {}
+_errors_lock = threading.Lock()
+_problems = ProblemLog("delayindex.metrics")
+
+
+def _note_collect_error(name: str, exc: Exception) -> None:
+    with _errors_lock:
+        _collect_errors[name] = _collect_errors.get(name, 0) + 1
+        _problems.append(
+            f"index {name}: stats() raised at scrape time ({exc!r}); its series are missing "
+            "from the scrape until it works again: this is a bug, please report it",
+            key=f"{name}:{type(exc).__name__}",
+        )
 
 
 def _trackers() -> list[tuple[int, Any]]:
