@@ -45,6 +45,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -581,3 +582,51 @@ def test_two_subscriptions_share_one_index() -> None:
         ]  # fmt: skip
         shared._check()
         assert shared.stats()["due_log"] == 0  # every reader is past every key
+
+
+def test_a_late_loaded_bucket_keeps_each_pop_in_selection_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A counterexample the machine found: a bucket whose segment read failed is deferred
+    (its placeholder moved later); when it loads within a later pop, its keys must still be
+    ordered within that pop (the due log's chunks are), and every step's checks must hold."""
+    import sys
+
+    monkeypatch.setattr(sys.modules[__name__], "event", lambda *args, **kwargs: None)
+    state = SharedMachine()
+    state.start(background=False)
+    steps: list[tuple[str, dict[str, Any]]] = [
+        ("add_many", {"batch": [(0, 0, 60), (3, 0, 20)]}),
+        ("poll_failing_reads", {"calls": 1, "n": 1, "name": "a"}),
+        ("inject_failure", {"after": False, "op": "create", "times": 1}),
+        ("set_mark_delete", {"entry": 0, "ledger": 0, "name": "a"}),
+        ("add_many", {"batch": [(4, 0, 31), (5, 0, 17)]}),
+        ("add_many", {"batch": [(0, 4, 0)]}),
+        ("advance", {"dt": 18}),
+        ("reschedule", {"entry": 0, "ledger": 8, "offset": 27}),
+        ("advance", {"dt": 19}),
+        ("poll_failing_reads", {"calls": 1, "n": 1, "name": "a"}),
+        ("advance", {"dt": 8}),
+        ("has_message_available", {"name": "a"}),
+    ]
+    try:
+        for name, arguments in steps:
+            getattr(state, name)(**arguments)
+            state.agrees()
+        keys = [k for _, k in state.shared._log.keys_from(0)]
+        assert keys == sorted(keys) and len(keys) == 4
+    finally:
+        state.teardown()
+
+
+def test_the_due_logs_time_bound_covers_keys_that_came_late() -> None:
+    from delayindex.tracker._duelog import DueLog
+
+    log = DueLog(memory_keys=100)
+    column = lambda *values: np.array(values, dtype=np.int64)  # noqa: E731
+    log.append(column(10_017, 10_031), column(5, 4), column(0, 0))
+    log.append(column(10_020), column(3), column(0))  # a deferred bucket's key, late
+    assert log.min_time_from(0) == 10_017
+    assert log.min_time_from(1) == 10_020  # the first unread key (10_031) is not the earliest
+    assert log.min_time_from(3) is None
+    log._check()

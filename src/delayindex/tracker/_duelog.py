@@ -21,7 +21,8 @@ slowest reader has not read (a file goes once every reader is past it).
 Order. Each in-memory chunk is one pop from the topic index, in selection order; so is the log
 as a whole, except after a failed segment read: the topic index defers that bucket (late, never
 early) and keeps popping the others, so the deferred bucket's keys come in a later chunk, after
-keys later in selection order.
+keys later in selection order. So the first key a reader has not read is not always its
+earliest: :meth:`DueLog.min_time_from` bounds them all (each chunk keeps its least time).
 
 Invariants (:meth:`DueLog._check`): chunks are contiguous (each starts where the previous one
 ends), non-empty, spilled ones before in-memory ones, and each in-memory one in selection order
@@ -59,6 +60,7 @@ class _Chunk:
     base: int  # seq of the first key
     size: int
     columns: tuple[Int64Array, Int64Array, Int64Array] | None  # None: spilled
+    min_time: int  # the least deliver time of its keys
     spill: _SpillFile | None = None
     offset: int = 0  # byte offset in the spill file
 
@@ -159,7 +161,7 @@ class DueLog:
         """Append keys popped from the topic index (one pop: in selection order)."""
         if not len(times):
             return
-        chunk = _Chunk(self._end, len(times), (times, ledgers, entries))
+        chunk = _Chunk(self._end, len(times), (times, ledgers, entries), int(times.min()))
         self.max_ledger = max(self.max_ledger, int(ledgers.max()))
         self._chunks.append(chunk)
         self._bases.append(chunk.base)
@@ -188,6 +190,7 @@ class DueLog:
         ):  # join: the chunk's keys follow the previous spilled chunk's in the same file
             self._spill.live_chunks -= 1
             previous.size += chunk.size
+            previous.min_time = min(previous.min_time, chunk.min_time)
             if self._cache is not None and self._cache[0] == previous.base:
                 self._cache = None
             del self._chunks[self._first_memory]
@@ -236,6 +239,23 @@ class DueLog:
             part = self.slice(seq, self._end - seq)
             yield part
             seq += len(part[1])
+
+    def min_time_from(self, seq: int) -> int | None:
+        """A lower bound of the deliver times of the keys from ``seq`` on (None: no key):
+        exact within the chunk holding ``seq`` when it is in memory, then each later chunk's
+        least time (a late-loaded bucket's keys can follow later ones: see "Order")."""
+        seq = max(seq, self._start)
+        if seq >= self._end:
+            return None
+        i = self._chunk_at(seq)
+        chunk = self._chunks[i]
+        if chunk.columns is not None:
+            best = int(chunk.columns[0][seq - chunk.base :].min())
+        else:
+            best = chunk.min_time
+        for later in self._chunks[i + 1 :]:
+            best = min(best, later.min_time)
+        return best
 
     def keys_from(self, seq: int) -> Iterator[tuple[int, tuple[int, int, int]]]:
         """``(seq, key)`` for every kept key from ``seq`` on (stop early: spilled chunks are read
@@ -345,6 +365,7 @@ class DueLog:
             assert chunk.base == base == expected and chunk.size > 0
             assert (chunk.columns is None) == (i < self._first_memory), "spilled after in-memory"
             times, ledgers, entries = self._columns(i)
+            assert chunk.min_time == int(times.min()), "a chunk's least time is stale"
             keys = zip(times.tolist(), ledgers.tolist(), entries.tolist(), strict=True)
             previous: tuple[int, int, int] | None = None  # across chunks: see "Order"
             for offset, key in enumerate(keys):

@@ -54,8 +54,11 @@ class TopicMixin:
             self._submit_queued()
         if len(parts) == 1:
             return parts[0]  # type: ignore[no-any-return]
-        # A load only adds keys after the placeholder that asked for it: parts stay in order.
-        return tuple(np.concatenate(column) for column in zip(*parts, strict=True))  # type: ignore[return-value]
+        times, ledgers, entries = (np.concatenate(column) for column in zip(*parts, strict=True))
+        # A load adds keys after the placeholder that asked for it, but the placeholder of a
+        # bucket whose reads failed was moved later (its keys come late): one pop, one order.
+        order = np.lexsort((entries, ledgers, times))
+        return times[order], ledgers[order], entries[order]
 
     def _count_upto(self, ledger: int, entry: int) -> int:
         """How many tracked positions are ``<= (ledger, entry)``."""

@@ -368,7 +368,10 @@ class SharedDelayIndex(SharedOverridesMixin):
         times = [state.private[0][0]] if state.private else []
         for _, (time, ledger, entry) in self._log.keys_from(state.seq):
             if not state.acked(ledger, entry) and (ledger, entry) not in state.skip:
-                times.append(time)
+                # Not always the earliest unread key (a late-loaded bucket's come after later
+                # ones): the log's bound keeps this a lower bound.
+                bound = self._log.min_time_from(state.seq)
+                times.append(time if bound is None else min(time, bound))
                 break
         topic_next = self._topic.next_delivery_time()
         if topic_next is not None:
