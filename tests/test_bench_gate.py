@@ -395,15 +395,19 @@ def test_confirm_reruns_only_a_failing_runs_offenders_and_references(
     rerun["run"] = _named(_run(**{"add[delay_index]": 2.0}))
     slow = _named(_run(**{"add[delay_index]": 2.0}))
     assert _gate(tmp_path, slow, _run(), "--confirm") == 1
-    [(ids, tier)] = rerun["calls"]
+    assert len(rerun["calls"]) == 2  # still failing after the first: --confirm-rounds (2)
+    (ids, tier), again = rerun["calls"]
+    assert again == (ids, tier)
     assert tier == "quick" and ids[0] == "benchmarks/bench_x.py::add[delay_index]"
     references = ids[1:]
     assert len(references) == gate.gate_confirm.REFERENCES
     assert not any("heapq" in name or "add[delay_index]" in name for name in references)
     assert "confirmation: 1 offending benchmarks run again" in capsys.readouterr().out
-    # A clean run reruns nothing.
+    # A clean run reruns nothing; one round when asked for one.
     assert _gate(tmp_path, _named(_run()), _run(), "--confirm") == 0
-    assert len(rerun["calls"]) == 1
+    assert len(rerun["calls"]) == 2
+    assert _gate(tmp_path, slow, _run(), "--confirm", "--confirm-rounds", "1") == 1
+    assert len(rerun["calls"]) == 3
 
 
 def test_confirm_passes_an_accident_of_one_process(tmp_path: Path, rerun: dict[str, Any]) -> None:
@@ -416,7 +420,7 @@ def test_confirm_passes_an_accident_of_one_process(tmp_path: Path, rerun: dict[s
 def test_confirm_keeps_a_structures_slowdown(tmp_path: Path, rerun: dict[str, Any]) -> None:
     rerun["run"] = _named(_run(kinds={"in_memory": 1.3}))
     assert _gate(tmp_path, _named(_run(kinds={"in_memory": 1.3})), _run(), "--confirm") == 1
-    [(ids, _)] = rerun["calls"]
+    (ids, _), _ = rerun["calls"]
     offenders = [name for name in ids if "in_memory" in name]
     assert len(offenders) == len(GROUPS)  # every time record of the slower structure
 
@@ -449,3 +453,13 @@ def test_a_failed_rerun_exits_2(
     slow = _named(_run(**{"add[delay_index]": 2.0}))
     assert _gate(tmp_path, slow, _run(), "--confirm") == 2
     assert "confirmation rerun failed" in capsys.readouterr().err
+
+
+def test_confirm_stops_rerunning_once_it_passes(tmp_path: Path, rerun: dict[str, Any]) -> None:
+    noisy = _named(_run(**{"add[delay_index]": 2.0}))
+    assert _gate(tmp_path, noisy, _run(), "--confirm", "--confirm-rounds", "5") == 0
+    assert len(rerun["calls"]) == 1
+
+
+def test_confirm_rounds_must_be_positive(tmp_path: Path) -> None:
+    assert _gate(tmp_path, _run(), _run(), "--confirm", "--confirm-rounds", "0") == 2
