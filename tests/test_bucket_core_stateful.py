@@ -1,12 +1,13 @@
 """Differential stateful test: native BucketCore vs pure BucketCore, driven like DelayIndex does.
 
-Both twins get the same operations: adds (with seals whenever ``add`` asks for one), batch
-adds, polls, sealed sources cut to segments with placeholders and "loaded" later, source
-removal, mark-delete, restore from bitmaps, and queries. Every result must be equal and both
-must pass ``_check`` after every step. A plain model (position -> deliver time) checks what the
-contract fixes independently of the twins: nothing is delivered early or twice, a position
-is delivered only while tracked, and an add at or below the mark (the highest ``untrack_upto``
-since the last ``clear``) returns 4 (acknowledged: not tracked, not delivered) whatever its time.
+Both twins get the same operations: adds (with seals whenever ``add`` asks for one), batch adds,
+polls, sealed sources cut to segments with placeholders and "loaded" later, source removal,
+mark-delete, restore from bitmaps, eviction of durable cancels (and their restore when an add or
+reschedule answers ``ADD_NEED_OVERRIDES``), and queries. Every result must be equal and both must
+pass ``_check`` after every step. A plain model (position -> deliver time) checks what the contract
+fixes independently of the twins: nothing is delivered early or twice, a position is delivered only
+while tracked, and an add at or below the mark (the highest ``untrack_upto`` since the last
+``clear``) returns 4 (acknowledged: not tracked, not delivered) whatever its time.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from pyroaring import BitMap
 
 from delayindex import _impl
-from delayindex.model import Position
+from delayindex.model import ADD_NEED_OVERRIDES, Position
 from delayindex.storage._overrides import Overrides
 
 native_module = _impl.native_module_or_none()
@@ -48,6 +50,10 @@ class BucketCoreMachine(RuleBasedStateMachine):
         self.cutoff = 0
         self.cancelled: set[tuple[int, int]] = set()
         self.moved: dict[tuple[int, int], int] = {}
+        # Cancels evicted from the cores (the driver's durable record holds them) and the
+        # sealed ranges registered so far (what eviction covers).
+        self.evicted: set[tuple[int, int]] = set()
+        self.sealed: list[tuple[int, int]] = []
 
     @initialize(
         tick=st.integers(0, 5),
@@ -96,6 +102,7 @@ class BucketCoreMachine(RuleBasedStateMachine):
             self._both("remove_source", sid)
             return
         self._both("add_range", start, end)
+        self.sealed.append((start, end))
         self.segments[sid] = [
             (t[i : i + segment_size], lg[i : i + segment_size], en[i : i + segment_size])
             for i in range(0, len(t), segment_size)
@@ -121,9 +128,59 @@ class BucketCoreMachine(RuleBasedStateMachine):
         self._both("cut_source", sid, *lasts[k], next_time)
         self.pending[sid] = rest
 
+    def _in_evicted_range(self, ledger: int) -> bool:
+        return any(a <= ledger <= b for a, b in self._both("evicted_ranges"))
+
+    def _restore_if_needed(self, code: int, pos: tuple[int, int], tracked_matters: bool) -> bool:
+        """On ADD_NEED_OVERRIDES (checked against the model): hand the evicted cancels back."""
+        expected = (
+            pos > self.mark
+            and self._in_evicted_range(pos[0])
+            and (not tracked_matters or pos not in self.tracked)
+        )
+        assert (code == ADD_NEED_OVERRIDES) == expected, (pos, code)
+        if code != ADD_NEED_OVERRIDES:
+            return False
+        event("evicted cancels restored")
+        ordered = sorted(self.evicted)
+        ls, es = (np.array([p[i] for p in ordered], dtype=np.int64) for i in (0, 1))
+        assert self._both("restore_evicted", ls, es) == len(ordered)
+        assert self._both("evicted_ranges") == []
+        self.evicted.clear()
+        return True
+
+    @rule()
+    def evict(self) -> None:
+        """The driver committed the overrides: the cancels of sealed ranges leave memory."""
+        n = self._both("evict_cancels")
+        leaving = {
+            p for p in self.cancelled - self.evicted if any(a <= p[0] <= b for a, b in self.sealed)
+        }
+        assert n == len(leaving)
+        if n:
+            event("cancels evicted")
+        self.evicted |= leaving
+
+    @rule(data=st.data())
+    def cancel_sealed_then_evict(self, data: st.DataObject) -> None:
+        """A cancel of a sealed bucket's message, then a flush: the driver evicts."""
+        sealed = sorted(p for p in self.tracked if any(a <= p[0] <= b for a, b in self.sealed))
+        if sealed:
+            self.cancel(*data.draw(st.sampled_from(sealed)))
+        self.evict()
+
+    @rule(data=st.data(), t=times)
+    def replay_cancelled(self, data: st.DataObject, t: int) -> None:
+        """The dispatcher's replay re-adds a cancelled position (its cancel often evicted)."""
+        if self.cancelled:
+            ledger, entry = data.draw(st.sampled_from(sorted(self.cancelled)))
+            self.add(ledger, entry, t, 1)
+
     @rule(ledger=ledgers, entry=entries, t=times, segment_size=st.integers(1, 3))
     def add(self, ledger: int, entry: int, t: int, segment_size: int) -> None:
         code = self._both("add", ledger, entry, t, self.now)
+        if self._restore_if_needed(code, (ledger, entry), tracked_matters=True):
+            code = self._both("add", ledger, entry, t, self.now)
         if code == 3:
             self._seal(segment_size)
             code = self._both("add", ledger, entry, t, self.now)
@@ -174,6 +231,8 @@ class BucketCoreMachine(RuleBasedStateMachine):
     def reschedule(self, ledger: int, entry: int, t: int, segment_size: int) -> None:
         pos = (ledger, entry)
         code = self._both("reschedule", ledger, entry, t, self.now)
+        if self._restore_if_needed(code, pos, tracked_matters=False):
+            code = self._both("reschedule", ledger, entry, t, self.now)
         if code == 3:
             self._seal(segment_size)
             code = self._both("reschedule", ledger, entry, t, self.now)
@@ -212,8 +271,13 @@ class BucketCoreMachine(RuleBasedStateMachine):
                     self.tracked.setdefault(key, self.moved.get(key, int(ts[i])))
             if stops[0] >= len(ls):
                 break
-            self._seal(segment_size)
-            start = stops[0]
+            stop = stops[0]
+            need = self._both("needs_restore", int(ls[stop]), int(es[stop]))
+            if not self._restore_if_needed(
+                ADD_NEED_OVERRIDES if need else 3, (int(ls[stop]), int(es[stop])), True
+            ):
+                self._seal(segment_size)
+            start = stop
         assert np.array_equal(outs[0], outs[1])
 
     @rule(dt=st.integers(0, 15))
@@ -294,6 +358,7 @@ class BucketCoreMachine(RuleBasedStateMachine):
         for key in [k for k in self.tracked if k <= (ledger, entry)]:
             del self.tracked[key]
         self.cancelled = {k for k in self.cancelled if k > (ledger, entry)}
+        self.evicted = {k for k in self.evicted if k > (ledger, entry)}
         self.moved = {k: t for k, t in self.moved.items() if k > (ledger, entry)}
 
     @rule(ledger=ledgers, entry=entries)
@@ -310,6 +375,8 @@ class BucketCoreMachine(RuleBasedStateMachine):
         self.segments.clear()
         self.mark = (-1, -1)
         self.cancelled.clear()
+        self.evicted.clear()
+        self.sealed.clear()
         self.moved.clear()
 
     @rule(ledger=ledgers, values=st.lists(entries, max_size=3))
@@ -347,7 +414,8 @@ class BucketCoreMachine(RuleBasedStateMachine):
         a, b = self.cores[0].counters(), self.cores[1].counters()
         assert a == b
         cl, ce, ml, me, mt = Overrides.from_arrays(*self._both("override_record")).to_arrays()
-        assert set(zip(cl.tolist(), ce.tolist(), strict=True)) == self.cancelled
+        assert set(zip(cl.tolist(), ce.tolist(), strict=True)) == self.cancelled - self.evicted
+        assert self.evicted <= self.cancelled
         assert dict(zip(zip(ml.tolist(), me.tolist(), strict=True), mt.tolist(), strict=True)) == (
             self.moved
         )

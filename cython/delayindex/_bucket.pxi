@@ -24,6 +24,15 @@
 # keeps that time) and adds it at the new time. ``untrack_upto`` forgets both overrides at or
 # below the mark; ``clear`` forgets them all.
 #
+# Eviction. Once the driver has committed the overrides, ``evict_cancels`` drops the cancels of
+# every sealed range from memory (half of 10 M cancelled would otherwise stay resident until the
+# mark passes them) and remembers those ranges in ``evicted`` (a LedgerRanges). Only a replayed
+# or non-monotonic add reaches a sealed range, so an add of an *untracked* position whose ledger
+# is evicted, or any reschedule there, answers 6 (ADD_NEED_OVERRIDES) with nothing done: the
+# driver hands the cancels back (``restore_evicted``) and calls again. ``override_gen`` counts
+# the changes of the override set (monotonic across ``clear``): the driver evicts only when it
+# equals the one its committed note saw, so a cancel made meanwhile is never dropped.
+#
 # Invariants (_check): the index's own; heads holds exactly one key per live source, equal to
 # its head or placeholder, in heap order; array cursors lie within their arrays; mutable nodes
 # lie in the mutable range.
@@ -114,6 +123,9 @@ cdef class BucketCore:
     cdef set shadow
     cdef LedgerIndex cancelled    # cancel overrides (a re-add is refused)
     cdef dict moved               # (ledger, entry) -> deliver_at: reschedule overrides
+    cdef object evicted           # LedgerRanges whose cancels only the driver holds
+    cdef int64_t evicted_max      # evicted.max, for the add path's cheap test
+    cdef public int64_t override_gen
     cdef dict sources
     cdef Head* heads
     cdef Py_ssize_t nheads, heads_cap
@@ -155,6 +167,8 @@ cdef class BucketCore:
         self.shadow = set()
         self.cancelled = LedgerIndex()
         self.moved = {}
+        self.evicted = _LedgerRanges()
+        self.evicted_max = -1
         self.sources = {}
         self.heads = NULL
         self.ranges = SortedDict()
@@ -309,6 +323,9 @@ cdef class BucketCore:
         self.mutable_dirty = True
         if self.shadow:
             self.shadow = {p for p in self.shadow if p > (ledger, entry)}
+        if self.evicted_max >= 0:
+            self.evicted.drop_below(ledger)
+            self.evicted_max = self.evicted.max
         if self.cancelled.count:
             self.cancelled.remove_upto(ledger, entry)
         if self.moved:
@@ -324,6 +341,7 @@ cdef class BucketCore:
     cdef bint ccancel(self, int64_t ledger, int64_t entry) except -1:
         if not self.untrack(ledger, entry):
             return False
+        self.override_gen += 1
         self.cancelled.cadd(ledger, entry)
         if self.moved:
             self.moved.pop((ledger, entry), None)
@@ -371,6 +389,9 @@ cdef class BucketCore:
             self.n_add_calls += 1
             self.n_acked_on_add += 1
             return 4
+        if c_ledger <= self.evicted_max and c_ledger in self.evicted:
+            return 6
+        self.override_gen += 1
         if self.cancelled.count:
             self.cancelled.cdiscard(c_ledger, c_entry)
         self.untrack(c_ledger, c_entry)
@@ -421,6 +442,7 @@ cdef class BucketCore:
         cancels or reschedules the tracked ones first. Positions at or below the mark are
         skipped."""
         cdef Py_ssize_t i
+        self.override_gen += 1
         for i in range(cancelled_ledgers.shape[0]):
             check_ids(cancelled_ledgers[i], cancelled_entries[i])
             if not self.acked(cancelled_ledgers[i], cancelled_entries[i]):
@@ -430,9 +452,60 @@ cdef class BucketCore:
             if not self.acked(moved_ledgers[i], moved_entries[i]):
                 self.moved[(moved_ledgers[i], moved_entries[i])] = moved_times[i]
 
+    def needs_restore(self, int64_t ledger, int64_t entry) -> bool:
+        """Whether an add of the position would answer 6 (ADD_NEED_OVERRIDES): it is above the
+        mark, untracked, and its ledger's cancels are evicted."""
+        return (ledger <= self.evicted_max and not self.acked(ledger, entry)
+                and not self.index.ccontains(ledger, entry) and ledger in self.evicted)
+
+    def evict_cancels(self) -> int:
+        """Drop from memory the cancels of every sealed range (the driver holds them durably);
+        returns how many. Their ranges join the evicted ones."""
+        cdef int64_t evicted = 0, removed
+        for start, end in list(self.ranges.items()):
+            removed = self.cancelled.remove_ledgers(start, end)
+            if removed:
+                evicted += removed
+                self.evicted.add(start, end)
+        if evicted:
+            self.cancelled.compact()  # the emptied ledgers' slots go too
+        self.evicted_max = self.evicted.max
+        return evicted
+
+    def restore_evicted(self, ledgers, entries) -> int:
+        """Take back the evicted cancels (the driver's durable record, ascending, as two int64
+        arrays; positions outside the evicted ranges or at or below the mark are skipped);
+        returns how many came back. Nothing is evicted afterwards."""
+        ledger_column = np.ascontiguousarray(ledgers, dtype=np.int64)
+        entry_column = np.ascontiguousarray(entries, dtype=np.int64)
+        if len(ledger_column) != len(entry_column):
+            raise ValueError("ledgers and entries differ in length")
+        cdef const int64_t[:] ls = ledger_column
+        cdef const int64_t[:] es = entry_column
+        cdef const uint8_t[:] keep = self.evicted.mask(ledger_column).view(np.uint8)
+        cdef Py_ssize_t i
+        cdef int64_t restored = 0
+        for i in range(ls.shape[0]):
+            if keep[i]:
+                check_ids(ls[i], es[i])
+                if not self.acked(ls[i], es[i]):
+                    restored += self.cancelled.cadd(ls[i], es[i])
+        self.evicted.clear()
+        self.evicted_max = -1
+        return restored
+
+    def evicted_ranges(self) -> list:
+        """The ranges whose cancels are evicted, ascending."""
+        return list(self.evicted)
+
+    def evicted_mask(self, ledgers):
+        """Whether each ledger lies in an evicted range."""
+        return self.evicted.mask(ledgers)
+
     def override_of(self, int64_t ledger, int64_t entry):
         """The override an add of the position meets: None, ``"cancelled"``, or the
-        rescheduled deliver time (at or below the mark: None, the mark decides)."""
+        rescheduled deliver time (at or below the mark: None, the mark decides). Call
+        :meth:`needs_restore` first: evicted cancels are not seen here."""
         if self.acked(ledger, entry):
             return None
         if self.cancelled.count and self.cancelled.ccontains(ledger, entry):
@@ -474,6 +547,9 @@ cdef class BucketCore:
             self.n_add_calls += 1
             self.n_refused_cancelled += 1
             return 5
+        if (ledger <= self.evicted_max and not self.index.ccontains(ledger, entry)
+                and ledger in self.evicted):
+            return 6  # nothing done: the driver restores the evicted cancels, then again
         if self.moved:
             moved_to = self.moved.get((ledger, entry))
             if moved_to is not None:
@@ -541,8 +617,9 @@ cdef class BucketCore:
         """``add`` elements ``start..`` in order, writing ``out[i]`` (True = do not deliver:
         tracked, already tracked, or at or below the mark).
 
-        Returns the index of the first element that needs a seal first (nothing done for it),
-        or the length when all were added. With ``start == 0`` everything is validated first.
+        Returns the index of the first element that needs a seal first or its evicted cancels
+        back (code 6; nothing done for it), or the length when all were added. With
+        ``start == 0`` everything is validated first.
         """
         cdef Py_ssize_t k = ledgers.shape[0]
         cdef Py_ssize_t i
@@ -561,7 +638,7 @@ cdef class BucketCore:
                         f"ledger_id >= 0 and 0 <= entry_id < 2**32")
         for i in range(start, k):
             code = self.cadd(ledgers[i], entries[i], deliver_ats[i], cutoff)
-            if code == 3:
+            if code == 3 or code == 6:
                 return i
             view[i] = code != 0
         return k
@@ -1053,6 +1130,9 @@ cdef class BucketCore:
         self.shadow.clear()
         self.cancelled.clear()
         self.moved.clear()
+        self.evicted.clear()
+        self.evicted_max = -1
+        self.override_gen += 1
         self.nheads = 0
         self.sources.clear()
         self.ranges.clear()
@@ -1103,6 +1183,7 @@ cdef class BucketCore:
             "refused_cancelled": self.n_refused_cancelled,
             "cancel_overrides": self.cancelled.count,
             "reschedule_overrides": len(self.moved),
+            "evicted_cancel_ranges": len(self.evicted),
             "fixed_delay": bool(self.fixed_delay),
             "highest_deliver_at": self.highest,
         }
@@ -1115,6 +1196,9 @@ cdef class BucketCore:
         self.mutable._check()
         self.direct._check()
         self.index._check()
+        self.evicted._check()
+        if self.evicted_max != self.evicted.max:
+            raise AssertionError("evicted_max is stale")
         for i in range(self.mutable.n):
             if not self.mutable_start <= self.mutable.data[i].ledger <= self.mutable_end:
                 raise AssertionError("a mutable node lies outside the mutable range")

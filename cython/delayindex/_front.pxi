@@ -10,6 +10,7 @@
 #
 # What a tracker adds around the core call stays the tracker's, as hooks the front calls only
 # when they apply: ``seal`` when a BucketCore answers "seal first" (then the add is retried),
+# ``restore`` when it answers "evicted cancels needed" (likewise),
 # ``arming.update`` when an add tracks a message due before the armed timer (and after each
 # poll, unless ``after_poll`` is set: it re-arms itself), ``check_open`` before a poll, ``load``
 # when a poll stops at a due segment placeholder (then the poll goes on, merging into what it
@@ -22,6 +23,7 @@
 cdef int ADD_DELIVER_ = 0
 cdef int ADD_TRACKED_ = 1
 cdef int ADD_SEAL_FIRST_ = 3
+cdef int ADD_NEED_OVERRIDES_ = 6
 
 
 @cython.final
@@ -38,6 +40,7 @@ cdef class Front:
     cdef BucketCore bcore
     cdef public object arming   # ArmingRule or None
     cdef public object seal     # called (lock held) when the core answers "seal first"
+    cdef public object restore  # called (lock held) when it answers "evicted cancels needed"
     cdef public object queued   # a Sized (a deque) or None: not empty after a call -> submit()
     cdef public object submit
     cdef public object check_open   # called (lock held) before a poll; raises when closed
@@ -52,7 +55,7 @@ cdef class Front:
         self._release = lock.release
         self._clock = clock
         self._wall = clock is wall_clock_ms
-        self.arming = self.seal = self.queued = self.submit = None
+        self.arming = self.seal = self.restore = self.queued = self.submit = None
         self.check_open = self.load = self.after_poll = None
         self.closed = False
         self.core = core
@@ -96,6 +99,9 @@ cdef class Front:
         try:
             now = self.now()
             code = self.core_add(ledger, entry, deliver_at, c_ledger, c_entry, c_time, now)
+            if code == ADD_NEED_OVERRIDES_ and self.restore is not None:
+                self.restore()
+                code = self.core_add(ledger, entry, deliver_at, c_ledger, c_entry, c_time, now)
             if code == ADD_SEAL_FIRST_ and self.seal is not None:
                 self.seal()
                 code = self.core_add(ledger, entry, deliver_at, c_ledger, c_entry, c_time, now)

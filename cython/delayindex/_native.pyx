@@ -224,6 +224,7 @@ import sys
 import numpy as np
 from pyroaring import BitMap
 
+from delayindex._ranges import LedgerRanges as _LedgerRanges
 from delayindex.model import Position
 
 

@@ -17,6 +17,10 @@ MAX_TIME = 2**63 - 1
 ADD_DELIVER, ADD_TRACKED, ADD_DUPLICATE, ADD_SEAL_FIRST, ADD_ACKED = 0, 1, 2, 3, 4
 #: ``add`` result for a position a cancel override refuses (do not deliver, not tracked).
 ADD_CANCELLED = 5
+#: A ``BucketCore``'s ``add`` or ``reschedule`` result when the cancels of the position's
+#: ledger were evicted from memory (they are durable): nothing was done; the driver restores
+#: them (``restore_evicted``) and calls again.
+ADD_NEED_OVERRIDES = 6
 
 
 class Position(NamedTuple):

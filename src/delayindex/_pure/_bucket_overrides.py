@@ -6,6 +6,13 @@ in ``_cancelled`` (a later add is refused, code 5). ``reschedule`` untracks as a
 (``_stale``: heap copies are purged when it is tracked again; a sealed-range position goes to the
 direct heap with its segment copies shadowed), records ``_moved[pos] = time`` and adds it at the
 new time. ``untrack_upto`` forgets both overrides at or below the mark; ``clear`` all of them.
+
+Eviction (see the native twin's header): ``evict_cancels`` drops the cancels of sealed ranges
+from memory once the driver has made them durable, remembering those ranges in ``_evicted``;
+an add of an untracked position there, or a reschedule there, then answers
+``ADD_NEED_OVERRIDES`` (nothing done) until the driver hands them back (``restore_evicted``).
+``override_gen`` counts the changes of the override set, so the driver evicts only what its
+last commit carried.
 """
 
 from __future__ import annotations
@@ -18,10 +25,13 @@ import numpy.typing as npt
 from delayindex._pure._ints import as_i64, check_ids
 from delayindex._pure.heap import position_columns
 from delayindex._pure.index import LedgerIndex
-from delayindex.model import ADD_ACKED
+from delayindex._ranges import LedgerRanges
+from delayindex.model import ADD_ACKED, ADD_NEED_OVERRIDES
 
 #: memory_bytes' estimate per reschedule override (as the native twin).
 MOVED_ENTRY_BYTES = 200
+#: What ``_override_on_add`` answers for a position whose evicted cancels must come back first.
+NEED_OVERRIDES = object()
 
 
 class BucketOverrides:
@@ -30,6 +40,9 @@ class BucketOverrides:
     _cancelled: LedgerIndex
     _moved: dict[tuple[int, int], int]
     _overridden: bool
+    _evicted: LedgerRanges
+    _ranges: Any
+    override_gen: int
     _index: LedgerIndex
     _stale: set[tuple[int, int]]
     _shadow: set[tuple[int, int]]
@@ -48,10 +61,14 @@ class BucketOverrides:
         self._cancelled = LedgerIndex()
         self._moved = {}
         self._overridden = False  # some override may exist (keeps the add path cheap)
+        self._evicted = LedgerRanges()  # ranges whose cancels are held by the driver only
+        # Monotonic across clear(): the driver compares it with the one it noted.
+        self.override_gen = getattr(self, "override_gen", -1) + 1
 
     def _cancel(self, ledger: int, entry: int) -> bool:
         if not self._untrack(ledger, entry):
             return False
+        self.override_gen += 1
         self._cancelled.add(ledger, entry)
         self._moved.pop((ledger, entry), None)
         self._overridden = True
@@ -85,6 +102,9 @@ class BucketOverrides:
             self._n["add_calls"] += 1
             self._n["acked_on_add"] += 1
             return ADD_ACKED
+        if ledger in self._evicted:
+            return ADD_NEED_OVERRIDES
+        self.override_gen += 1
         self._cancelled.discard(ledger, entry)
         self._untrack(ledger, entry)
         self._stale.add((ledger, entry))
@@ -105,6 +125,7 @@ class BucketOverrides:
         """Record stored overrides (recovery) without changing what is tracked: the caller
         cancels or reschedules the tracked ones first. Positions at or below the mark are
         skipped."""
+        self.override_gen += 1
         for ledger, entry in zip(
             np.asarray(cancelled_ledgers).tolist(), np.asarray(cancelled_entries).tolist(),
             strict=True,
@@ -122,9 +143,56 @@ class BucketOverrides:
                 self._moved[ledger, entry] = time
                 self._overridden = True
 
+    def needs_restore(self, ledger: int, entry: int) -> bool:
+        """Whether an add of the position would answer ``ADD_NEED_OVERRIDES``: it is above
+        the mark, untracked, and its ledger's cancels are evicted."""
+        return (
+            ledger in self._evicted
+            and (ledger, entry) > self._mark
+            and not self._index.contains(ledger, entry)
+        )
+
+    def evict_cancels(self) -> int:
+        """Drop from memory the cancels of every sealed range (the driver holds them durably);
+        returns how many. Their ranges join the evicted ones."""
+        evicted = 0
+        for start, end in list(self._ranges.items()):
+            removed = int(self._cancelled.remove_ledgers(start, end))
+            if removed:
+                evicted += removed
+                self._evicted.add(start, end)
+        if evicted:
+            self._cancelled.compact()  # the emptied ledgers' slots go too
+        return evicted
+
+    def restore_evicted(self, ledgers: Any, entries: Any) -> int:
+        """Take back the evicted cancels (the driver's durable record, ascending, as two int64
+        arrays; positions outside the evicted ranges or at or below the mark are skipped);
+        returns how many came back. Nothing is evicted afterwards."""
+        ls, es = np.asarray(ledgers, dtype=np.int64), np.asarray(entries, dtype=np.int64)
+        if len(ls) != len(es):
+            raise ValueError("ledgers and entries differ in length")
+        keep = self._evicted.mask(ls)
+        restored = 0
+        for ledger, entry in zip(ls[keep].tolist(), es[keep].tolist(), strict=True):
+            check_ids(ledger, entry)
+            if (ledger, entry) > self._mark:
+                restored += int(self._cancelled.add(ledger, entry))
+        self._evicted.clear()
+        return restored
+
+    def evicted_ranges(self) -> list[tuple[int, int]]:
+        """The ranges whose cancels are evicted, ascending."""
+        return list(self._evicted)
+
+    def evicted_mask(self, ledgers: Any) -> npt.NDArray[np.bool_]:
+        """Whether each ledger lies in an evicted range."""
+        return self._evicted.mask(ledgers)
+
     def override_of(self, ledger: int, entry: int) -> str | int | None:
         """The override an add of the position meets: None, ``"cancelled"``, or the
-        rescheduled deliver time (at or below the mark: None, the mark decides)."""
+        rescheduled deliver time (at or below the mark: None, the mark decides). Call
+        :meth:`needs_restore` first: evicted cancels are not seen here."""
         if (ledger, entry) <= self._mark:
             return None
         if len(self._cancelled) and self._cancelled.contains(ledger, entry):
@@ -140,18 +208,22 @@ class BucketOverrides:
         ledgers, entries = self._cancelled.positions()
         return ledgers, entries, tuple((p[0], p[1], t) for p, t in sorted(self._moved.items()))
 
-    def _override_on_add(self, ledger: int, entry: int, deliver_at: int) -> int | None:
-        """The deliver time an add of the position takes (the override's, if any), or None
-        when a cancel override refuses it."""
+    def _override_on_add(self, ledger: int, entry: int, deliver_at: int) -> object:
+        """The deliver time an add of the position takes (the override's, if any), None when
+        a cancel override refuses it, or :data:`NEED_OVERRIDES`."""
         if not self._overridden:
             return deliver_at
         if len(self._cancelled) and self._cancelled.contains(ledger, entry):
             return None
+        if ledger <= self._evicted.max and self.needs_restore(ledger, entry):
+            return NEED_OVERRIDES
         if self._moved:
             return self._moved.get((ledger, entry), deliver_at)
         return deliver_at
 
     def _forget_overrides_upto(self, ledger: int, entry: int) -> None:
+        if len(self._evicted):
+            self._evicted.drop_below(ledger)
         if len(self._cancelled):
             self._cancelled.remove_upto(ledger, entry)
         if self._moved:
@@ -161,6 +233,7 @@ class BucketOverrides:
         return {
             "cancel_overrides": len(self._cancelled),
             "reschedule_overrides": len(self._moved),
+            "evicted_cancel_ranges": len(self._evicted),
         }
 
     def _override_bytes(self) -> int:

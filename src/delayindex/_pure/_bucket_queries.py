@@ -7,9 +7,11 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from pyroaring import BitMap
 
 from delayindex._pure.heap import TripleHeap
 from delayindex._pure.index import LedgerIndex
+from delayindex.model import MAX_ENTRY_ID
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -19,14 +21,21 @@ def _column(values: object) -> Int64Array:
 
 
 class BucketQueries:
-    """``tracked_mask``, ``tracked_in_range``, ``count_upto``, ``live_keys`` and
-    ``authoritative_mask``."""
+    """``index_bitmap``, ``tracked_mask``, ``tracked_in_range``, ``count_upto``, ``live_keys``
+    and ``authoritative_mask``."""
 
     _index: LedgerIndex
     _shadow: set[tuple[int, int]]
     _mutable: TripleHeap
     _direct: TripleHeap
     _sources: dict[int, Any]
+
+    def index_bitmap(self, ledger: int, first: int = 0, last: int = MAX_ENTRY_ID) -> BitMap | None:
+        """A new BitMap of ``ledger``'s tracked entries in ``[first, last]``, or None when the
+        ledger has none at all."""
+        if self._index.ledger_count(ledger) == 0:
+            return None
+        return self._index.bitmap(ledger, first, last)
 
     def live_keys(self, first: int, last: int) -> tuple[Int64Array, Int64Array, Int64Array]:
         """``(times, ledgers, entries)`` of the tracked positions in memory (mutable and

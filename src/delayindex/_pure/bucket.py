@@ -37,11 +37,10 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from pyroaring import BitMap
 from sortedcontainers import SortedDict
 
 from delayindex._lateness import Lateness
-from delayindex._pure._bucket_overrides import BucketOverrides
+from delayindex._pure._bucket_overrides import NEED_OVERRIDES, BucketOverrides
 from delayindex._pure._bucket_queries import BucketQueries
 from delayindex._pure._ints import as_i64, check_ids
 from delayindex._pure._ticked import TickedCore
@@ -52,6 +51,7 @@ from delayindex.model import (
     ADD_CANCELLED,
     ADD_DELIVER,
     ADD_DUPLICATE,
+    ADD_NEED_OVERRIDES,
     ADD_SEAL_FIRST,
     ADD_TRACKED,
     MAX_ENTRY_ID,
@@ -238,13 +238,6 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
             for i, ledger in enumerate(np.asarray(ledgers).tolist())
         )
 
-    def index_bitmap(self, ledger: int, first: int = 0, last: int = MAX_ENTRY_ID) -> BitMap | None:
-        """A new BitMap of ``ledger``'s tracked entries in ``[first, last]``, or None when the
-        ledger has none at all."""
-        if self._index.ledger_count(ledger) == 0:
-            return None
-        return self._index.bitmap(ledger, first, last)
-
     def untrack_upto(self, ledger: int, entry: int) -> int:
         """Untrack every position ``<= (ledger, entry)`` (mark-delete); return how many."""
         self._mark = max(self._mark, (ledger, entry))
@@ -277,7 +270,9 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
             n["add_calls"] += 1
             n["refused_cancelled"] += 1
             return ADD_CANCELLED
-        deliver_at = moved_to
+        if moved_to is NEED_OVERRIDES:
+            return ADD_NEED_OVERRIDES  # nothing done: the driver restores them, then again
+        deliver_at = moved_to  # type: ignore[assignment]
         if deliver_at < 0 or deliver_at <= cutoff:
             n["add_calls"] += 1
             self._fixed_delay = False
@@ -344,7 +339,8 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
         """``add`` elements ``start..`` in order, writing ``out[i]`` (True = do not deliver:
         tracked, already tracked, or at or below the mark).
 
-        Returns the index of the first element that needs a seal first (nothing done for it),
+        Returns the index of the first element that needs a seal first or its evicted cancels
+        back (``ADD_NEED_OVERRIDES``; nothing done for it),
         or the length when all were added. With ``start == 0`` everything is validated before
         anything changes.
         """
@@ -369,7 +365,7 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
             lsl, esl, tsl = ls[low:high].tolist(), es[low:high].tolist(), ts[low:high].tolist()
             for j in range(high - low):
                 code = self._add(lsl[j], esl[j], tsl[j], cutoff)
-                if code == SEAL_FIRST:
+                if code in (SEAL_FIRST, ADD_NEED_OVERRIDES):
                     return low + j
                 out[low + j] = code != DELIVER
         return len(ls)
@@ -698,3 +694,4 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
                 raise AssertionError(f"source {sid} is used up but still in heads")
         if len([h for h in self._heads if h[3] in self._sources]) != len(live):
             raise AssertionError("a source has two keys in heads")
+        self._evicted._check()

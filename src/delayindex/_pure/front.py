@@ -3,9 +3,9 @@
 How it works. A tracker's public ``add``, ``contains``, ``cancel``, ``poll`` and
 ``tracked_entries`` each take its lock, read its clock and call its core; the front does exactly
 that, in one call, with the tracker's hooks called only when they apply (the native module's
-header lists them: ``seal``, ``arming``, ``check_open``, ``load``, ``after_poll``, ``queued``
-and ``submit``). The tracker sets ``core`` when it replaces its core (on close) and ``closed``
-when it closes.
+header lists them: ``seal``, ``restore``, ``arming``, ``check_open``, ``load``,
+``after_poll``, ``queued`` and ``submit``). The tracker sets ``core`` when it replaces its
+core (on close) and ``closed`` when it closes.
 
 Invariants: none beyond the attributes' types (``_check`` is there for the twin API).
 """
@@ -18,7 +18,13 @@ from typing import Any
 from pyroaring import BitMap
 
 from delayindex._pure._ints import as_i64, check_ids
-from delayindex.model import ADD_DELIVER, ADD_SEAL_FIRST, ADD_TRACKED, Position
+from delayindex.model import (
+    ADD_DELIVER,
+    ADD_NEED_OVERRIDES,
+    ADD_SEAL_FIRST,
+    ADD_TRACKED,
+    Position,
+)
 
 
 class Front:
@@ -38,6 +44,7 @@ class Front:
         "core",
         "load",
         "queued",
+        "restore",
         "seal",
         "submit",
     )
@@ -50,6 +57,7 @@ class Front:
         self.core: Any = core
         self.arming: Any = None
         self.seal: Callable[[], object] | None = None
+        self.restore: Callable[[], object] | None = None
         self.queued: Any = None  # a Sized (DelayIndex: its deque of jobs) or None
         self.submit: Callable[[], object] | None = None
         self.check_open: Callable[[], object] | None = None
@@ -66,6 +74,9 @@ class Front:
             now = as_i64(self._clock())
             core = self.core
             code = core.add(ledger, entry, deliver_at, now)
+            if code == ADD_NEED_OVERRIDES and self.restore is not None:
+                self.restore()
+                code = core.add(ledger, entry, deliver_at, now)
             if code == ADD_SEAL_FIRST and self.seal is not None:
                 self.seal()
                 code = core.add(ledger, entry, deliver_at, now)

@@ -125,6 +125,31 @@ def unpack_cancelled(packed: bytes) -> tuple[Int64Array, Int64Array]:
     return np.repeat(ledgers, counts), entries
 
 
+def union_positions(
+    ledgers: Int64Array, entries: Int64Array, more_ledgers: Int64Array, more_entries: Int64Array
+) -> tuple[Int64Array, Int64Array]:
+    """Two ascending, disjoint position sets (int64 column pairs) as one ascending pair.
+
+    Linear when the ledgers fit 31 bits (one int64 key per position, the smaller set inserted
+    by binary search); a lexicographic sort otherwise."""
+    ledgers = np.asarray(ledgers, dtype=np.int64)
+    more_ledgers = np.asarray(more_ledgers, dtype=np.int64)
+    if not len(ledgers) or not len(more_ledgers):
+        if len(ledgers):
+            return ledgers, np.asarray(entries, dtype=np.int64)
+        return more_ledgers, np.asarray(more_entries, dtype=np.int64)
+    all_ledgers = np.concatenate([ledgers, more_ledgers])
+    all_entries = np.concatenate([entries, more_entries]).astype(np.int64, copy=False)
+    if int(all_ledgers.max()) < 2**31:
+        keys = (ledgers << 32) | np.asarray(entries, dtype=np.int64)
+        more = (more_ledgers << 32) | np.asarray(more_entries, dtype=np.int64)
+        small, large = (keys, more) if len(keys) <= len(more) else (more, keys)
+        merged = np.insert(large, np.searchsorted(large, small), small)
+        return merged >> 32, merged & 0xFFFFFFFF
+    order = np.lexsort((all_entries, all_ledgers))
+    return all_ledgers[order], all_entries[order]
+
+
 @dataclass(frozen=True)
 class Overrides:
     """Cancelled positions (packed: see the module docs) and moved positions with their

@@ -44,6 +44,7 @@ class HousekeepingMixin:
     _deferred_creates: list[_PendingCreate]
     _deferred_deletes: list[str]
     _epoch: int
+    _evicted_count: int
     _lock: threading.Lock
     _mark: tuple[int, int] | None
     _merge_in_flight: bool
@@ -204,6 +205,7 @@ class HousekeepingMixin:
             self._catalog.note_mark_delete(None)
             self._catalog.note_overrides(Overrides())  # the core forgot them too
             self._overrides_dirty = False
+            self._evicted_count = 0  # evicted ones included
             if self._arming is not None:
                 self._arming.cancel()
             live = [b.snapshot_id for b in self._catalog.buckets()]

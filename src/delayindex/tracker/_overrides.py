@@ -15,6 +15,20 @@ into the catalog before each seal (whose commit carries them), on ``set_mark_del
 (or the next seal's commit lands). At open, :meth:`_restore_overrides` re-applies them after
 the mark: tracked positions are cancelled or rescheduled again, and the rest are only recorded
 (the dispatcher's replay will meet them).
+
+Eviction. Once a commit carries them (``flush()``, and at open), the cancels of sealed ranges
+leave the core's memory (``BucketCore.evict_cancels``): the catalog's copy of the overrides
+(packed, about a fifth of the core's bitmaps) is then their only one, so cancelling half of
+10 M messages costs about 0.2 B/msg resident instead of 0.6. Adds reach a sealed range only
+through a replay (or a non-monotonic producer); one of an untracked position there makes the
+core answer ``ADD_NEED_OVERRIDES``, and :meth:`_restore_evicted` hands the catalog's record
+back before the add is made again. Each later note is the core's cancels plus the record's
+evicted ones, so the manifest always carries them all; joining them means decoding the record
+(about 0.3 s for 5 M cancels), so with evicted cancels a note is made outside the lock
+(:meth:`_note_overrides_unlocked`, by the persist job before its commit and by ``flush()``),
+never on the add path: a seal leaves it to its persist job. The core's
+``override_gen`` makes eviction safe against a cancel made between the note and the end of its
+commit: nothing is evicted if the set changed meanwhile.
 """
 
 from __future__ import annotations
@@ -27,9 +41,37 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from delayindex.model import ADD_DELIVER, ADD_SEAL_FIRST
-from delayindex.storage._overrides import Overrides
+from delayindex._ranges import LedgerRanges
+from delayindex.model import ADD_DELIVER, ADD_NEED_OVERRIDES, ADD_SEAL_FIRST
+from delayindex.storage._overrides import Overrides, union_positions
 from delayindex.tracker.in_memory import _diagnose, as_int64_array
+
+
+def _joined(
+    ledgers: npt.NDArray[np.int64],
+    entries: npt.NDArray[np.int64],
+    moved: Any,
+    record: Overrides,
+    evicted: list[tuple[int, int]],
+    mark: tuple[int, int] | None,
+) -> tuple[Overrides, int]:
+    """The overrides to note: a core's cancels (``ledgers``, ``entries``) and ``moved``, plus
+    the cancels of ``record`` (the catalog's current copy) that lie in the ``evicted`` ranges
+    and above ``mark``; and how many of those there were."""
+    if not evicted:
+        return Overrides.from_arrays(ledgers, entries, moved), 0
+    stored_ledgers, stored_entries, *_ = record.to_arrays()
+    ranges = LedgerRanges()
+    for start, end in evicted:
+        ranges.add(start, end)
+    keep = ranges.mask(stored_ledgers)
+    if mark is not None:
+        keep &= (stored_ledgers > mark[0]) | (
+            (stored_ledgers == mark[0]) & (stored_entries > mark[1])
+        )
+    kept_ledgers, kept_entries = stored_ledgers[keep], stored_entries[keep]
+    ledgers, entries = union_positions(ledgers, entries, kept_ledgers, kept_entries)
+    return Overrides.from_arrays(ledgers, entries, moved), len(kept_ledgers)
 
 
 class OverridesMixin:
@@ -43,6 +85,9 @@ class OverridesMixin:
     _overrides_used: bool
     _queued: deque[Callable[[], None]]
     _front: Any
+    _mark: tuple[int, int] | None
+    _noted_gen: int  # the core's override_gen at the last note (-1: none)
+    _evicted_count: int  # cancels held only in the catalog's record (not in the core)
 
     if TYPE_CHECKING:  # provided by DelayIndex
 
@@ -114,6 +159,9 @@ class OverridesMixin:
             now = self._clock()
             try:
                 code = self._core.reschedule(ledger_id, entry_id, deliver_at, now)
+                if code == ADD_NEED_OVERRIDES:  # evicted cancels there: take them back first
+                    self._restore_evicted()
+                    code = self._core.reschedule(ledger_id, entry_id, deliver_at, now)
                 if code == ADD_SEAL_FIRST:  # recorded and untracked: seal, then track it
                     self._seal()
                     code = self._core.reschedule(ledger_id, entry_id, deliver_at, now)
@@ -130,15 +178,63 @@ class OverridesMixin:
     # -- durability ------------------------------------------------------------------------
 
     def _note_overrides(self) -> bool:
-        """Hand the overrides to the catalog if they changed (lock held); True if they did."""
+        """Hand the overrides to the catalog if they changed (lock held); True if they did.
+        The core's cancels and the record's evicted ones still in force, together."""
         if not self._overrides_dirty:
             return False
-        cancelled_ledgers, cancelled_entries, moved = self._core.override_record()
-        self._catalog.note_overrides(
-            Overrides.from_arrays(cancelled_ledgers, cancelled_entries, moved)
-        )
-        self._overrides_dirty = False
+        core = self._core
+        gen = core.override_gen
+        ledgers, entries, moved = core.override_record()
+        overrides, kept = _joined(
+            ledgers, entries, moved, self._catalog.manifest.overrides,
+            core.evicted_ranges(), self._mark,
+        )  # fmt: skip
+        self._noted(overrides, kept, gen)
         return True
+
+    def _note_overrides_unlocked(self) -> bool:
+        """:meth:`_note_overrides` called without the lock: with evicted cancels, the record is
+        decoded and joined outside it; True if a note was made."""
+        with self._lock:
+            core = self._core
+            if not self._overrides_dirty or not hasattr(core, "evicted_ranges"):
+                return False  # nothing new, or closed (close noted what it had)
+            ranges = core.evicted_ranges()
+            if not ranges:
+                return self._note_overrides()  # nothing to decode: cheap under the lock
+            gen = core.override_gen
+            ledgers, entries, moved = core.override_record()
+            record, mark = self._catalog.manifest.overrides, self._mark
+        overrides, kept = _joined(ledgers, entries, moved, record, ranges, mark)
+        with self._lock:
+            if not self._overrides_dirty:
+                return False  # noted meanwhile
+            if self._core.override_gen != gen or self._catalog.manifest.overrides is not record:
+                return self._note_overrides()  # changed meanwhile (rare): again, locked
+            self._noted(overrides, kept, gen)
+            return True
+
+    def _noted(self, overrides: Overrides, evicted: int, gen: int) -> None:
+        self._catalog.note_overrides(overrides)
+        self._evicted_count = evicted
+        self._noted_gen = gen
+        self._overrides_dirty = False
+
+    def _restore_evicted(self) -> None:
+        """The core needs the cancels it evicted (lock held): hand it the catalog's record,
+        which holds them all (see the module docs)."""
+        ledgers, entries, *_ = self._catalog.manifest.overrides.to_arrays()
+        self._core.restore_evicted(ledgers, entries)
+        self._evicted_count = 0
+
+    def _evict_cancels(self, gen: int) -> None:
+        """A commit carried the overrides noted at ``gen`` (lock held): unless they changed
+        since, the cancels of sealed ranges leave the core's memory."""
+        core = self._core
+        if not hasattr(core, "evict_cancels") or core.override_gen != gen:
+            return  # closed, or cancelled or rescheduled meanwhile: the next flush evicts
+        if self._noted_gen == gen:
+            self._evicted_count += core.evict_cancels()
 
     def _restore_overrides(self) -> None:
         """Re-apply the stored overrides after recovery and the mark (lock held or not yet
@@ -165,3 +261,6 @@ class OverridesMixin:
         core.restore_overrides(
             cancelled_ledgers, cancelled_entries, moved_ledgers, moved_entries, moved_times
         )
+        if not self._overrides_dirty:  # the manifest carries exactly these: durable
+            self._noted_gen = core.override_gen
+            self._evict_cancels(self._noted_gen)

@@ -34,6 +34,7 @@ class PersistMixin:
 
     # State (set in DelayIndex.__init__).
     _buckets: dict[int, _Bucket]
+    _note_overrides_unlocked: Callable[[], bool]
     _catalog: Catalog
     _closed: bool
     _config: TrackerConfig
@@ -158,6 +159,7 @@ class PersistMixin:
             creates, deletes = self._take_batch()
             status = self._writer_status()
         self._catalog.note_writer_status(status)
+        self._note_overrides_unlocked()  # carried by this batch's commit
         started = time.perf_counter()
         creates, built = self._build_batch(creates)
         sizes = [len(item.times) for item in creates]

@@ -78,6 +78,8 @@ class StatsMixin:
     _pending_quarantine: list[tuple[QuarantineRecord, str]]
     _warnings: ProblemLog
 
+    _evicted_count: int
+
     # Provided by DelayIndex and its other mixins.
     _bound_stats: Callable[[], dict[str, Any]]
     _unpersisted: Callable[[], int]
@@ -146,6 +148,9 @@ class StatsMixin:
                 closed=self._closed,
             )
             out.update(self._bound_stats())  # bucket_limit, over_limit, over_limit_why
+            if "cancel_overrides" in out:  # those in the catalog's record only count too
+                out["cancel_overrides"] += self._evicted_count
+                out["cancel_overrides_evicted"] = self._evicted_count
             return out
 
     def _problems(self) -> list[str]:

@@ -33,6 +33,7 @@ class TopicMixin:
     _load: Callable[[int, int], None]
     _after_take: Callable[[int], None]
     _submit_queued: Callable[[], None]
+    _restore_evicted: Callable[[], None]
     _overrides_dirty: bool
     _overrides_used: bool
 
@@ -59,6 +60,14 @@ class TopicMixin:
         # bucket whose reads failed was moved later (its keys come late): one pop, one order.
         order = np.lexsort((entries, ledgers, times))
         return times[order], ledgers[order], entries[order]
+
+    def _ensure_overrides(self, ledger: int, entry: int) -> None:
+        """Before reading the overrides of a position the topic index does not track (a
+        shared index's re-add of a held one): take back evicted cancels it needs."""
+        with self._lock:
+            self._check_open()
+            if self._core.needs_restore(ledger, entry):
+                self._restore_evicted()
 
     def _count_upto(self, ledger: int, entry: int) -> int:
         """How many tracked positions are ``<= (ledger, entry)``."""

@@ -177,6 +177,7 @@ class DelayIndex(
         self._front = _impl.Front(self._lock, self._clock, self._core)
         self._front.arming = self._arming
         self._front.seal = self._seal
+        self._front.restore = self._restore_evicted
         self._front.queued = self._queued
         self._front.submit = self._submit_queued
         self._front.check_open = self._check_open
@@ -191,6 +192,8 @@ class DelayIndex(
         self._mark: tuple[int, int] | None = None
         self._overrides_dirty = False  # cancels or reschedules not yet handed to the catalog
         self._overrides_used = False  # some were made (a mark may forget some: note again)
+        self._noted_gen = -1  # the core's override_gen at the last note
+        self._evicted_count = 0  # cancels evicted from the core, held by the catalog only
         self._epoch = 0
         self._closed = False
         self._warnings = ProblemLog(f"delayindex {self._name}")  # once per distinct problem
@@ -393,7 +396,10 @@ class DelayIndex(
                 stop = self._core.add_many(ledgers, entries, deliver, now, out, start)
                 if stop >= len(ledgers):
                     break
-                self._seal()
+                if self._core.needs_restore(int(ledgers[stop]), int(entries[stop])):
+                    self._restore_evicted()
+                else:
+                    self._seal()
                 start = stop
             if self._arming is not None and len(out):
                 self._rearm(now)
@@ -404,7 +410,9 @@ class DelayIndex(
     def _seal(self) -> None:
         """Seal the mutable bucket (lock held): O(1) for the index, plus one copy of its
         indexes for the snapshot; sorting, cutting, encoding and I/O are queued."""
-        self._note_overrides()  # carried by this seal's commit
+        if not self._core.evicted_ranges():
+            self._note_overrides()  # carried by this seal's commit
+        # (else its persist job notes them, off the add path, before that commit)
         sid = self._next_sid
         self._next_sid += 1
         times, ledgers, entries, start, end = self._core.seal(sid)
@@ -558,8 +566,9 @@ class DelayIndex(
         with self._lock:
             self._flushing += 1
             self._persist_wakeup.notify_all()
-            overrides_noted = self._note_overrides()
         try:
+            overrides_noted = self._note_overrides_unlocked()
+            noted_gen = self._noted_gen
             while True:
                 with self._inflight_lock:
                     pending = list(self._inflight)
@@ -569,6 +578,8 @@ class DelayIndex(
                     if not queued:
                         if overrides_noted:  # cancels and reschedules: durable on return
                             self._catalog.persist_mark_delete()
+                            with self._lock:
+                                self._evict_cancels(noted_gen)
                         release_free_memory()
                         return
                     self._submit_queued()

@@ -236,6 +236,7 @@ class SharedDelayIndex(SharedOverridesMixin):
     def _readd(self, pos: tuple[int, int], deliver_at: int) -> bool:
         """A re-add of a held position: each subscription's own tracker's outcome."""
         _diagnose(ledger_id=pos[0], entry_id=pos[1], deliver_at=deliver_at)
+        self._topic._ensure_overrides(*pos)
         override = self._topic._core.override_of(*pos)
         if override == "cancelled":
             return True  # a cancel holds for every subscription
