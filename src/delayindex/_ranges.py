@@ -13,6 +13,7 @@ not adjacent (touching ranges are merged), ``max`` the last end (-1 when empty).
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Iterator
 
 import numpy as np
@@ -36,10 +37,14 @@ class LedgerRanges:
         return iter(zip(self._starts, self._ends, strict=True))
 
     def __contains__(self, ledger: object) -> bool:
-        if not isinstance(ledger, int) or ledger > self.max:
+        try:
+            value = operator.index(ledger)  # type: ignore[arg-type]  # numpy ints too
+        except TypeError:
             return False
-        at = bisect.bisect_right(self._starts, ledger)
-        return bool(at) and self._ends[at - 1] >= ledger
+        if value > self.max:
+            return False
+        at = bisect.bisect_right(self._starts, value)
+        return bool(at) and self._ends[at - 1] >= value
 
     def add(self, start: int, end: int) -> None:
         """Cover ``start..end`` too (merged with the ranges it overlaps or touches)."""
