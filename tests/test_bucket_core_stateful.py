@@ -133,10 +133,11 @@ class BucketCoreMachine(RuleBasedStateMachine):
 
     def _restore_if_needed(self, code: int, pos: tuple[int, int], tracked_matters: bool) -> bool:
         """On ADD_NEED_OVERRIDES (checked against the model): hand the evicted cancels back."""
-        expected = (
+        in_memory = pos in self.tracked or pos in self.cancelled - self.evicted
+        expected = (  # an add answers from memory first (tracked, or a cancel kept there)
             pos > self.mark
             and self._in_evicted_range(pos[0])
-            and (not tracked_matters or pos not in self.tracked)
+            and not (tracked_matters and in_memory)
         )
         assert (code == ADD_NEED_OVERRIDES) == expected, (pos, code)
         if code != ADD_NEED_OVERRIDES:
