@@ -330,3 +330,35 @@ def test_a_re_add_of_a_rescheduled_held_position_keeps_the_new_time() -> None:
         assert c.poll(100) == [Position(1, 1)]
         assert a.poll(100) == [Position(1, 1)]
         shared._check()
+
+
+def test_a_held_position_cancelled_then_rescheduled_is_delivered_after_a_reopen() -> None:
+    """A reschedule revives a cancelled position, held ones too: the cancel override must not
+    outlive it (it did, and the replay's add after a reopen was refused: the message lost)."""
+    t0 = 1_000_000
+    config = TrackerConfig(tick_ms=0, min_index_count_per_bucket=4, max_indexes_per_segment=2)
+    clock, storage = ManualClock(t0), MemoryStorage()
+
+    def open_shared() -> SharedDelayIndex:
+        return SharedDelayIndex.open(storage, "s", config, clock=clock, executor=InlineExecutor())
+
+    shared = open_shared()
+    fast, _ = shared.subscribe("fast"), shared.subscribe("slow")
+    for ledger in range(1, 6):
+        for entry in range(4):
+            shared.add(ledger, entry, t0 + 100 * ledger + entry)
+    clock.set(t0 + 150)
+    assert len(fast.poll(100)) == 4  # ledger 1 is held in the due log for "slow"
+    assert shared.cancel(1, 2) and shared.reschedule(1, 2, t0 + 5_000)
+    assert shared._topic._core.override_of(1, 2) == t0 + 5_000
+    shared.flush()
+    shared.close()
+    shared = open_shared()
+    try:
+        slow = shared.subscribe("slow")
+        assert shared.add(1, 2, t0 + 102) is True  # the replay: tracked at the new time
+        assert slow.contains(1, 2)
+        clock.set(t0 + 6_000)
+        assert Position(1, 2) in slow.poll(1_000)
+    finally:
+        shared.close()

@@ -438,19 +438,24 @@ cdef class BucketCore:
                           const int64_t[:] moved_ledgers not None,
                           const int64_t[:] moved_entries not None,
                           const int64_t[:] moved_times not None) -> None:
-        """Record stored overrides (recovery) without changing what is tracked: the caller
-        cancels or reschedules the tracked ones first. Positions at or below the mark are
-        skipped."""
+        """Record stored overrides (recovery, or a shared index's held positions) without
+        changing what is tracked: the caller cancels or reschedules the tracked ones first.
+        Positions at or below the mark are skipped. A position has one override: a moved one
+        replaces its cancel (a reschedule revives), then a cancelled one replaces its move."""
         cdef Py_ssize_t i
         self.override_gen += 1
+        for i in range(moved_ledgers.shape[0]):
+            check_ids(moved_ledgers[i], moved_entries[i])
+            if not self.acked(moved_ledgers[i], moved_entries[i]):
+                if self.cancelled.count:
+                    self.cancelled.cdiscard(moved_ledgers[i], moved_entries[i])
+                self.moved[(moved_ledgers[i], moved_entries[i])] = moved_times[i]
         for i in range(cancelled_ledgers.shape[0]):
             check_ids(cancelled_ledgers[i], cancelled_entries[i])
             if not self.acked(cancelled_ledgers[i], cancelled_entries[i]):
                 self.cancelled.cadd(cancelled_ledgers[i], cancelled_entries[i])
-        for i in range(moved_ledgers.shape[0]):
-            check_ids(moved_ledgers[i], moved_entries[i])
-            if not self.acked(moved_ledgers[i], moved_entries[i]):
-                self.moved[(moved_ledgers[i], moved_entries[i])] = moved_times[i]
+                if self.moved:
+                    self.moved.pop((cancelled_ledgers[i], cancelled_entries[i]), None)
 
     def needs_restore(self, int64_t ledger, int64_t entry) -> bool:
         """Whether an add of the position would answer 6 (ADD_NEED_OVERRIDES): it is above the

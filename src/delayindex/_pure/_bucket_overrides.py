@@ -122,10 +122,20 @@ class BucketOverrides:
         moved_entries: Any,
         moved_times: Any,
     ) -> None:
-        """Record stored overrides (recovery) without changing what is tracked: the caller
-        cancels or reschedules the tracked ones first. Positions at or below the mark are
-        skipped."""
+        """Record stored overrides (recovery, or a shared index's held positions) without
+        changing what is tracked: the caller cancels or reschedules the tracked ones first.
+        Positions at or below the mark are skipped. A position has one override: a moved one
+        replaces its cancel (a reschedule revives), then a cancelled one replaces its move."""
         self.override_gen += 1
+        for ledger, entry, time in zip(
+            np.asarray(moved_ledgers).tolist(), np.asarray(moved_entries).tolist(),
+            np.asarray(moved_times).tolist(), strict=True,
+        ):  # fmt: skip
+            check_ids(ledger, entry)
+            if (ledger, entry) > self._mark:
+                self._cancelled.discard(ledger, entry)
+                self._moved[ledger, entry] = time
+                self._overridden = True
         for ledger, entry in zip(
             np.asarray(cancelled_ledgers).tolist(), np.asarray(cancelled_entries).tolist(),
             strict=True,
@@ -133,14 +143,7 @@ class BucketOverrides:
             check_ids(ledger, entry)
             if (ledger, entry) > self._mark:
                 self._cancelled.add(ledger, entry)
-                self._overridden = True
-        for ledger, entry, time in zip(
-            np.asarray(moved_ledgers).tolist(), np.asarray(moved_entries).tolist(),
-            np.asarray(moved_times).tolist(), strict=True,
-        ):  # fmt: skip
-            check_ids(ledger, entry)
-            if (ledger, entry) > self._mark:
-                self._moved[ledger, entry] = time
+                self._moved.pop((ledger, entry), None)
                 self._overridden = True
 
     def needs_restore(self, ledger: int, entry: int) -> bool:

@@ -104,6 +104,7 @@ class SharedOverridesMixin:
             if topic_mark is not None and pos <= topic_mark:
                 return True  # acknowledged by every subscription
             self._drop_held(pos)
+            self._topic._ensure_overrides(*pos)  # an evicted cancel must be revived too
             self._topic._record_overrides(moved=[(*pos, deliver_at)])
             tracked = deliver_at >= 0 and deliver_at > self._topic._core.cutoff_for(
                 self._topic._now()
