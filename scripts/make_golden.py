@@ -42,8 +42,13 @@ if __name__ == "__main__":  # run as a script: this checkout's code (tests impor
 
 import numpy as np  # noqa: E402
 
+from delayindex._cancelset import pack_cancelled  # noqa: E402
 from delayindex.snapshot.codec import OBJECT_VERSION, encode_snapshot  # noqa: E402
-from delayindex.snapshot.format import FORMAT_VERSION, build_snapshot  # noqa: E402
+from delayindex.snapshot.format import (  # noqa: E402
+    FOLDED_FORMAT_VERSION,
+    FORMAT_VERSION,
+    build_snapshot,
+)
 from delayindex.workload import generate  # noqa: E402
 
 SEED = 42
@@ -57,10 +62,13 @@ RUN_DELAY_MS = 90_000  # the run ledger's entries are due 90 s after the workloa
 
 #: The current files' name, without suffix (see the module docstring).
 STEM = f"snapshot-v{OBJECT_VERSION}" + ("" if FORMAT_VERSION == 1 else f"-f{FORMAT_VERSION}")
+#: The same object with folded cancels (what a merge writes when its range had cancels).
+FOLDED_STEM = f"snapshot-v{OBJECT_VERSION}-f{FOLDED_FORMAT_VERSION}"
 
 
-def build() -> tuple[bytes, dict[str, Any]]:
-    """The golden object and its JSON description (deterministic)."""
+def build(folded: bool = False) -> tuple[bytes, dict[str, Any]]:
+    """The golden object and its JSON description (deterministic); with ``folded``, the
+    object carries folded cancels (format 3)."""
     w = generate(N_MESSAGES, seed=SEED, entries_per_ledger=ENTRIES_PER_LEDGER)
     mask = w.delayed_mask
     run_ledger = int(w.ledger_ids[-1]) + 1
@@ -79,10 +87,17 @@ def build() -> tuple[bytes, dict[str, Any]]:
         start_ledger=start_ledger,
         end_ledger=end_ledger,
     )
+    cancels: list[list[int]] = []
+    if folded:
+        # A few positions of two ledgers, one past the tracked ones, and a large entry id.
+        cancels = [[start_ledger, 7], [start_ledger, 2**31 + 5]]
+        cancels += [[run_ledger + 1, entry] for entry in range(0, 40, 3)]
+        column = np.array(cancels, dtype=np.int64)
+        metadata = metadata.with_folded(pack_cancelled(column[:, 0], column[:, 1]))
     data = encode_snapshot(metadata, segments)
     description: dict[str, Any] = {
         "object_version": OBJECT_VERSION,
-        "format_version": FORMAT_VERSION,
+        "format_version": metadata.format_version,
         "generator": "scripts/make_golden.py",
         "params": {
             "seed": SEED,
@@ -112,6 +127,8 @@ def build() -> tuple[bytes, dict[str, Any]]:
             )
         ],
     }
+    if folded:
+        description["folded_cancels"] = cancels
     return data, description
 
 
@@ -149,10 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="replace differing files")
     args = parser.parse_args(argv)
-    data, description = build()
-    stem = GOLDEN_DIR / STEM
-    ok = _write(stem.with_suffix(".dixs"), data, args.force)
-    ok = _write(stem.with_suffix(".json"), to_json(description).encode(), args.force) and ok
+    ok = True
+    for name, folded in ((STEM, False), (FOLDED_STEM, True)):
+        data, description = build(folded)
+        stem = GOLDEN_DIR / name
+        ok = _write(stem.with_suffix(".dixs"), data, args.force) and ok
+        ok = _write(stem.with_suffix(".json"), to_json(description).encode(), args.force) and ok
     return 0 if ok else 1
 
 

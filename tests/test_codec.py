@@ -987,3 +987,48 @@ def _leb128(value: int) -> bytes:
 def test_pack_varints_refuses_negatives() -> None:
     with pytest.raises(ValueError, match="varints must be >= 0"):
         pack_varints(np.array([1, -1], dtype=np.int64))
+
+
+# -- folded cancels (format 3) ------------------------------------------------------------------
+
+
+def _folded_snapshot(packed: bytes) -> bytes:
+    times = np.array([10, 20, 30], dtype=np.int64)
+    metadata, segments = build_snapshot(
+        times,
+        np.array([3, 4, 5]),
+        np.array([0, 1, 2]),
+        max_time_step_ms=5,
+        max_indexes_per_segment=2,
+        start_ledger=2,
+        end_ledger=9,
+    )
+    return encode_snapshot(metadata.with_folded(packed), segments)
+
+
+@given(st.sets(st.tuples(st.integers(2, 9), st.integers(0, 2**32 - 1)), min_size=1, max_size=60))
+def test_folded_cancels_round_trip(positions: set[tuple[int, int]]) -> None:
+    from delayindex._cancelset import pack_cancelled
+
+    ordered = sorted(positions)
+    ledgers = np.array([p[0] for p in ordered], dtype=np.int64)
+    entries = np.array([p[1] for p in ordered], dtype=np.int64)
+    metadata, _ = decode_snapshot(_folded_snapshot(pack_cancelled(ledgers, entries)), "obj")
+    assert metadata.format_version == 3
+    got_ledgers, got_entries = metadata.folded_positions()
+    assert got_ledgers.tolist() == ledgers.tolist() and got_entries.tolist() == entries.tolist()
+
+
+def test_damaged_or_misplaced_folded_cancels_are_corrupt() -> None:
+    from delayindex._cancelset import pack_cancelled
+
+    outside = pack_cancelled(np.array([3, 10], dtype=np.int64), np.array([1, 1], dtype=np.int64))
+    with pytest.raises(SnapshotCorruptError, match=r"obj-1.*outside the bucket's range"):
+        decode_snapshot(_folded_snapshot(outside), "obj-1")
+    with pytest.raises(SnapshotCorruptError, match=r"obj-2.*do not unpack"):
+        decode_snapshot(_folded_snapshot(b"not a zstd frame"), "obj-2")
+    good = pack_cancelled(np.array([3], dtype=np.int64), np.array([1], dtype=np.int64))
+    body = bytearray(zstandard.ZstdDecompressor().decompress(good))
+    body[0] = 2  # claims two ledgers
+    with pytest.raises(SnapshotCorruptError, match=r"obj-3.*bad size"):
+        decode_snapshot(_folded_snapshot(zstandard.ZstdCompressor().compress(bytes(body))), "obj-3")

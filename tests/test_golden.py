@@ -85,6 +85,10 @@ def test_golden_decodes_to_its_description(path: Path) -> None:
         assert {lg: sorted(bm) for lg, bm in meta.items()} == {
             lg: sorted(e for _, led, e in seg_want["triples"] if led == lg) for lg in meta.ledgers
         }, f"segment {number} bitmaps"
+    ledgers, entries = metadata.folded_positions()
+    assert [[a, b] for a, b in zip(ledgers.tolist(), entries.tolist(), strict=True)] == want.get(
+        "folded_cancels", []
+    )
 
 
 def _current_version(path: Path) -> bool:
@@ -150,9 +154,28 @@ def test_golden_has_the_intended_shape() -> None:
     assert metadata.end_ledger > max(metadata.ledgers.tolist())  # explicit, wider range
 
 
-def test_script_reproduces_the_committed_files() -> None:
+@pytest.mark.parametrize("folded", [False, True])
+def test_script_reproduces_the_committed_files(folded: bool) -> None:
     """The generator is deterministic (and the workload generator has not drifted)."""
     script = _script()
-    data, description = script.build()
-    assert data == CURRENT.read_bytes()
-    assert script.to_json(description) == CURRENT.with_suffix(".json").read_text(encoding="utf-8")
+    path = GOLDEN_DIR / f"{script.FOLDED_STEM if folded else script.STEM}.dixs"
+    data, description = script.build(folded)
+    assert data == path.read_bytes()
+    assert script.to_json(description) == path.with_suffix(".json").read_text(encoding="utf-8")
+
+
+def test_folded_cancels_need_format_3() -> None:
+    """Format 3 exists so that an older reader refuses folded cancels instead of dropping
+    them: a format 2 metadata carrying them, or a format 3 one without, is corrupt."""
+    data = (GOLDEN_DIR / f"{_script().FOLDED_STEM}.dixs").read_bytes()
+    metadata, segments = decode_snapshot(data, "folded")
+    assert metadata.format_version == 3 and metadata.folded_cancels
+    plain = metadata.with_folded(b"")
+    assert plain.format_version == FORMAT_VERSION and not plain.folded_cancels
+    assert decode_snapshot(encode_snapshot(plain, segments), "plain")[0] == plain
+    for message in (
+        codec._metadata_message(metadata, format_version=FORMAT_VERSION),
+        codec._metadata_message(plain, format_version=3),
+    ):
+        with pytest.raises(ValueError, match="folded cancels"):
+            codec._metadata_from_message(message)

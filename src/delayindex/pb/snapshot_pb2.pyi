@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SnapshotMetadata(_message.Message):
-    __slots__ = ("format_version", "start_ledger", "end_ledger", "num_messages", "min_deliver_at_deltas", "deliver_at_spans", "counts", "ledger_counts", "ledger_deltas", "bitmaps", "index_name", "generation", "bitmap_block", "bitmap_sizes")
+    __slots__ = ("format_version", "start_ledger", "end_ledger", "num_messages", "min_deliver_at_deltas", "deliver_at_spans", "counts", "ledger_counts", "ledger_deltas", "bitmaps", "index_name", "generation", "bitmap_block", "bitmap_sizes", "folded_cancels")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     START_LEDGER_FIELD_NUMBER: _ClassVar[int]
     END_LEDGER_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class SnapshotMetadata(_message.Message):
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     BITMAP_BLOCK_FIELD_NUMBER: _ClassVar[int]
     BITMAP_SIZES_FIELD_NUMBER: _ClassVar[int]
+    FOLDED_CANCELS_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     start_ledger: int
     end_ledger: int
@@ -37,4 +38,5 @@ class SnapshotMetadata(_message.Message):
     generation: int
     bitmap_block: bytes
     bitmap_sizes: bytes
-    def __init__(self, format_version: _Optional[int] = ..., start_ledger: _Optional[int] = ..., end_ledger: _Optional[int] = ..., num_messages: _Optional[int] = ..., min_deliver_at_deltas: _Optional[_Iterable[int]] = ..., deliver_at_spans: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., ledger_counts: _Optional[_Iterable[int]] = ..., ledger_deltas: _Optional[_Iterable[int]] = ..., bitmaps: _Optional[_Iterable[bytes]] = ..., index_name: _Optional[str] = ..., generation: _Optional[int] = ..., bitmap_block: _Optional[bytes] = ..., bitmap_sizes: _Optional[bytes] = ...) -> None: ...
+    folded_cancels: bytes
+    def __init__(self, format_version: _Optional[int] = ..., start_ledger: _Optional[int] = ..., end_ledger: _Optional[int] = ..., num_messages: _Optional[int] = ..., min_deliver_at_deltas: _Optional[_Iterable[int]] = ..., deliver_at_spans: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., ledger_counts: _Optional[_Iterable[int]] = ..., ledger_deltas: _Optional[_Iterable[int]] = ..., bitmaps: _Optional[_Iterable[bytes]] = ..., index_name: _Optional[str] = ..., generation: _Optional[int] = ..., bitmap_block: _Optional[bytes] = ..., bitmap_sizes: _Optional[bytes] = ..., folded_cancels: _Optional[bytes] = ...) -> None: ...

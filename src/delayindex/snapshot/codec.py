@@ -13,7 +13,9 @@ Object layout (object version 1, all integers little-endian)::
 
 Metadata payload: a ``SnapshotMetadata`` protobuf, zstd-compressed when ``flags & FLAG_ZSTD``.
 Metadata format 2 (written) holds a bucket's bitmaps as one block plus their sizes; format 1
-(still read, and re-encoded as itself) holds one protobuf ``bytes`` per bitmap.
+(still read, and re-encoded as itself) holds one protobuf ``bytes`` per bitmap. Format 3 is
+format 2 plus the cancels a merge folded into the bucket (packed, unpacked and range-checked on
+every decode).
 Segment payload: the segment's deliver times minus the segment minimum, bit-packed LSB-first at
 ``bit_length(max - min)`` bits each, in position order (as the segment's bitmaps enumerate
 positions), so a one-index segment with min == max has an empty payload. Positions are never
@@ -159,6 +161,15 @@ def _wrapping_diff(values: np.ndarray) -> np.ndarray:
 
 
 def _metadata_payload(metadata: SnapshotMetadata) -> bytes:
+    payload: bytes = _metadata_message(metadata).SerializeToString()
+    return payload
+
+
+def _metadata_message(
+    metadata: SnapshotMetadata, format_version: int | None = None
+) -> snapshot_pb2.SnapshotMetadata:
+    """The protobuf message of ``metadata`` (``format_version`` overrides its version: tests
+    of inconsistent objects)."""
     mins = metadata.mins
     offsets = metadata.ledger_offsets
     ledgers = metadata.ledgers
@@ -175,9 +186,10 @@ def _metadata_payload(metadata: SnapshotMetadata) -> bytes:
         bitmap_fields = {
             "bitmap_block": block.blob,
             "bitmap_sizes": pack_varints(np.diff(block.offsets)),
+            "folded_cancels": metadata.folded_cancels,
         }
-    message = snapshot_pb2.SnapshotMetadata(
-        format_version=metadata.format_version,
+    return snapshot_pb2.SnapshotMetadata(
+        format_version=metadata.format_version if format_version is None else format_version,
         start_ledger=metadata.start_ledger,
         end_ledger=metadata.end_ledger,
         num_messages=metadata.num_messages,
@@ -191,8 +203,6 @@ def _metadata_payload(metadata: SnapshotMetadata) -> bytes:
         generation=metadata.generation,
         **bitmap_fields,
     )
-    payload: bytes = message.SerializeToString()
-    return payload
 
 
 def pack_varints(values: npt.ArrayLike) -> bytes:
@@ -409,7 +419,10 @@ def _metadata_from_message(
     metadata = SnapshotMetadata(
         start, end, mins, maxs, counts, offsets, ledgers, block, version,
         index_name=index_name, generation=message.generation,
+        folded_cancels=message.folded_cancels,
     )  # fmt: skip
+    if metadata.folded_cancels:
+        metadata.folded_positions()  # unpacked and checked: damage is found here, not later
     if check_bitmaps:
         _check_bitmaps(metadata)
     return metadata

@@ -26,13 +26,16 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from delayindex import _impl
+from delayindex._cancelset import unpack_cancelled
 from delayindex.model import MAX_ENTRY_ID, MAX_LEDGER_ID
 
 #: The metadata format written: 2 stores a bucket's bitmaps as one block (see
 #: ``docs/snapshot-format.md``); 1 (one protobuf ``bytes`` per bitmap) is still read.
 FORMAT_VERSION = 2
+#: The format of a metadata that carries folded cancels (format 2 plus ``folded_cancels``).
+FOLDED_FORMAT_VERSION = 3
 #: Every metadata format this version reads.
-FORMAT_VERSIONS = (1, 2)
+FORMAT_VERSIONS = (1, 2, 3)
 #: Segment time steps (and so spans) stay below this, far inside int64 arithmetic.
 MAX_SEGMENT_SPAN = 2**62
 
@@ -139,6 +142,7 @@ class SnapshotMetadata:
         "block",
         "counts",
         "end_ledger",
+        "folded_cancels",
         "format_version",
         "generation",
         "index_name",
@@ -163,6 +167,7 @@ class SnapshotMetadata:
         *,
         index_name: str = "",
         generation: int = 0,
+        folded_cancels: bytes = b"",
     ) -> None:
         self.index_name = str(index_name)
         self.generation = int(generation)
@@ -178,7 +183,15 @@ class SnapshotMetadata:
         self.block = bitmaps if isinstance(bitmaps, BitmapBlock) else BitmapBlock.join(bitmaps)
         if format_version not in FORMAT_VERSIONS:
             raise ValueError(f"unknown metadata format version {format_version}")
+        if not isinstance(folded_cancels, bytes):
+            raise TypeError("folded_cancels must be bytes")
+        if bool(folded_cancels) != (format_version == FOLDED_FORMAT_VERSION):
+            raise ValueError(
+                f"format {format_version} metadata "
+                + ("cannot carry folded cancels" if folded_cancels else "needs folded cancels")
+            )
         self.format_version = format_version
+        self.folded_cancels = folded_cancels
         self._segments: tuple[SegmentMeta, ...] | None = None
         n = len(self.mins)
         if not (len(self.maxs) == len(self.counts) == n and len(self.ledger_offsets) == n + 1):
@@ -220,6 +233,32 @@ class SnapshotMetadata:
         if out.generation < 0:
             raise ValueError(f"generation must be >= 0, got {generation}")
         return out
+
+    def with_folded(self, packed: bytes) -> SnapshotMetadata:
+        """This metadata carrying ``packed`` folded cancels (the packed form of
+        :mod:`delayindex._cancelset`; ``b""``: none): format 3, or format 2 without them.
+
+        A merge folds into its bucket the cancels of the bucket's range, so that they leave
+        the manifest (and memory) while a replayed add is still refused. Shares every column.
+        """
+        if self.format_version == 1:
+            raise ValueError("format 1 metadata cannot carry folded cancels")
+        out = SnapshotMetadata.__new__(SnapshotMetadata)
+        for slot in SnapshotMetadata.__slots__:
+            object.__setattr__(out, slot, getattr(self, slot))
+        out.folded_cancels = bytes(packed)
+        out.format_version = FOLDED_FORMAT_VERSION if packed else FORMAT_VERSION
+        return out
+
+    def folded_positions(self) -> tuple[Int64Array, Int64Array]:
+        """The folded cancels as ``(ledgers, entries)``, ascending: every one inside the
+        bucket's ledger range (``ValueError`` if the packed bytes are damaged)."""
+        ledgers, entries = unpack_cancelled(self.folded_cancels)
+        if len(ledgers) and not (
+            self.start_ledger <= int(ledgers[0]) and int(ledgers[-1]) <= self.end_ledger
+        ):
+            raise ValueError("a folded cancel lies outside the bucket's range")
+        return ledgers, entries
 
     @property
     def has_origin(self) -> bool:
@@ -315,11 +354,12 @@ class SnapshotMetadata:
         # that finds its bucket live compares the caller's unstamped metadata with the stored.
         if not isinstance(other, SnapshotMetadata):
             return NotImplemented
-        return (self.start_ledger, self.end_ledger, self.format_version) == (
-            other.start_ledger,
-            other.end_ledger,
-            other.format_version,
-        ) and self.segments == other.segments
+        return (
+            (self.start_ledger, self.end_ledger, self.format_version)
+            == (other.start_ledger, other.end_ledger, other.format_version)
+            and self.folded_cancels == other.folded_cancels
+            and self.segments == other.segments
+        )
 
     __hash__ = None  # type: ignore[assignment]
 

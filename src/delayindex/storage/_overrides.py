@@ -6,15 +6,9 @@ by ``reschedule`` with their new times. Both are dropped once the mark-delete pa
 
 The cancelled positions are held **packed**, in memory as on disk: the catalog keeps the
 overrides for every later commit, so their form is what a durable cancel costs in resident
-memory. Packed form (a zstd frame of, little-endian)::
-
-    ledger_count u32 | ledgers i64[ledger_count] | counts u32[ledger_count]
-    | deltas u32[sum(counts)], byte-shuffled (all first bytes, then all second bytes, ...)
-
-where a ledger's deltas are its first entry, then the gaps between its ascending entries. The
-shuffle leaves the high bytes of the small gaps as long runs of zeros, so half of 10 M
-positions cancelled at random packs into about 0.2 B per message (per-ledger roaring bytes,
-the earlier form, took 1 B). ``moved`` is a plain tuple (reschedules are rare). In the
+memory. The packed form is :mod:`delayindex._cancelset`'s: half of 10 M positions cancelled
+at random packs into about 0.2 B per message (per-ledger roaring bytes, the earlier form, took
+1 B). ``moved`` is a plain tuple (reschedules are rare). In the
 manifest's JSON (manifest format 2; format 1's ``cancelled`` list of per-ledger roaring
 bitmaps is still read)::
 
@@ -35,119 +29,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
-import zstandard
 from pyroaring import BitMap
 
-Int64Array = npt.NDArray[np.int64]
+from delayindex._cancelset import (
+    _ENTRY_LIMIT,
+    Int64Array,
+    pack_cancelled,
+    unpack_cancelled,
+)
+
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-_ENTRY_LIMIT = 2**32
-_ZSTD_LEVEL = 1  # level 3 packs no smaller here and takes twice as long
-_MAX_UNPACKED = 2**34  # refuse a frame claiming more (16 GiB: no real override set is near)
 
 
 def _is_int(value: object) -> bool:
     return type(value) is int and _INT64_MIN <= value <= _INT64_MAX
-
-
-def _empty() -> Int64Array:
-    return np.empty(0, dtype=np.int64)
-
-
-def pack_cancelled(ledgers: Int64Array, entries: Int64Array) -> bytes:
-    """The packed form of cancelled positions given ascending and unique, as two int64 arrays
-    of equal length (b"" for none). ``ValueError`` if they are not."""
-    ledgers = np.ascontiguousarray(ledgers, dtype=np.int64)
-    entries = np.ascontiguousarray(entries, dtype=np.int64)
-    if ledgers.shape != entries.shape or ledgers.ndim != 1:
-        raise ValueError("overrides: cancelled ledgers and entries must be 1-d and equal length")
-    if not len(ledgers):
-        return b""
-    if int(ledgers[0]) < 0 or int(entries.min()) < 0 or int(entries.max()) >= _ENTRY_LIMIT:
-        raise ValueError("overrides: a cancelled position is out of range")
-    step = np.diff(ledgers)
-    gaps = np.diff(entries)
-    if (step < 0).any() or ((step == 0) & (gaps <= 0)).any():
-        raise ValueError("overrides: cancelled positions must ascend, each once")
-    firsts = np.flatnonzero(np.r_[True, step != 0])
-    counts = np.diff(np.r_[firsts, len(ledgers)]).astype("<u4")
-    deltas = np.empty(len(entries), dtype="<u4")
-    deltas[1:] = gaps
-    deltas[firsts] = entries[firsts]  # index 0 included
-    shuffled = deltas.view(np.uint8).reshape(-1, 4).T.tobytes()
-    body = b"".join(
-        (
-            np.array([len(firsts)], dtype="<u4").tobytes(),
-            ledgers[firsts].astype("<i8").tobytes(),
-            counts.tobytes(),
-            shuffled,
-        )
-    )
-    return zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(body)
-
-
-def unpack_cancelled(packed: bytes) -> tuple[Int64Array, Int64Array]:
-    """``(ledgers, entries)`` int64 arrays of a packed form, checked against every invariant
-    (``ValueError`` for damage of any kind)."""
-    if not packed:
-        return _empty(), _empty()
-    try:
-        body = zstandard.ZstdDecompressor().decompress(packed, max_output_size=_MAX_UNPACKED)
-    except zstandard.ZstdError as exc:
-        raise ValueError(f"overrides: cancelled positions do not unpack ({exc})") from None
-    if len(body) < 4:
-        raise ValueError("overrides: packed cancels are truncated")
-    n = int(np.frombuffer(body, dtype="<u4", count=1)[0])
-    head = 4 + 12 * n
-    if n == 0 or len(body) < head or (len(body) - head) % 4:
-        raise ValueError("overrides: packed cancels have a bad size")
-    ledgers = np.frombuffer(body, dtype="<i8", count=n, offset=4).astype(np.int64)
-    counts = np.frombuffer(body, dtype="<u4", count=n, offset=4 + 8 * n).astype(np.int64)
-    total = (len(body) - head) // 4
-    if int(counts.sum()) != total or (counts <= 0).any():
-        raise ValueError("overrides: packed cancels' counts do not match their entries")
-    if ledgers[0] < 0 or (np.diff(ledgers) <= 0).any():
-        raise ValueError("overrides: cancelled ledgers must ascend, each once")
-    planes = np.frombuffer(body, dtype=np.uint8, offset=head).reshape(4, total)
-    deltas = np.ascontiguousarray(planes.T).view("<u4").reshape(total).astype(np.int64)
-    firsts = np.r_[0, np.cumsum(counts)[:-1]]
-    if len(deltas) > 1:
-        inner = np.ones(len(deltas), dtype=np.bool_)
-        inner[firsts] = False
-        if (deltas[inner] <= 0).any():
-            raise ValueError("overrides: cancelled entries must ascend within a ledger")
-    # Entries: a running sum of the deltas restarted at each ledger's first.
-    sums = np.cumsum(deltas)
-    base = np.repeat(sums[firsts] - deltas[firsts], counts)
-    entries = sums - base
-    if int(entries.max()) >= _ENTRY_LIMIT:
-        raise ValueError("overrides: a cancelled entry is out of range")
-    return np.repeat(ledgers, counts), entries
-
-
-def union_positions(
-    ledgers: Int64Array, entries: Int64Array, more_ledgers: Int64Array, more_entries: Int64Array
-) -> tuple[Int64Array, Int64Array]:
-    """Two ascending, disjoint position sets (int64 column pairs) as one ascending pair.
-
-    Linear when the ledgers fit 31 bits (one int64 key per position, the smaller set inserted
-    by binary search); a lexicographic sort otherwise."""
-    ledgers = np.asarray(ledgers, dtype=np.int64)
-    more_ledgers = np.asarray(more_ledgers, dtype=np.int64)
-    if not len(ledgers) or not len(more_ledgers):
-        if len(ledgers):
-            return ledgers, np.asarray(entries, dtype=np.int64)
-        return more_ledgers, np.asarray(more_entries, dtype=np.int64)
-    all_ledgers = np.concatenate([ledgers, more_ledgers])
-    all_entries = np.concatenate([entries, more_entries]).astype(np.int64, copy=False)
-    if int(all_ledgers.max()) < 2**31:
-        keys = (ledgers << 32) | np.asarray(entries, dtype=np.int64)
-        more = (more_ledgers << 32) | np.asarray(more_entries, dtype=np.int64)
-        small, large = (keys, more) if len(keys) <= len(more) else (more, keys)
-        merged = np.insert(large, np.searchsorted(large, small), small)
-        return merged >> 32, merged & 0xFFFFFFFF
-    order = np.lexsort((all_entries, all_ledgers))
-    return all_ledgers[order], all_entries[order]
 
 
 @dataclass(frozen=True)
