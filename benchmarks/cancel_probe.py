@@ -6,11 +6,14 @@ One DelayIndex on FileStorage filled with the first ``N`` realistic delayed mess
 (``baselines.delayed_subset``) and flushed; then ``due_histogram`` with 100 equal bins over the
 whole time range (three times), ``cancel_many`` of every second message, ``flush()``, and the
 histogram again (now every bucket lost positions from storage, so its segments are read), and
-one replayed add of a cancelled message (which takes the evicted cancels back first). Prints one
-JSON object: resident memory per message (RSS growth, after ``gc`` and ``malloc_trim``) after
+one replayed add of a cancelled message (which takes the evicted cancels back first); then the
+index is reopened with a bound of 4 buckets, so that merges take in nearly every bucket and fold
+their ranges' cancels into the merged snapshots, and a replayed add again. Prints one JSON
+object: resident memory per message (RSS growth, after ``gc`` and ``malloc_trim``) after
 the fill, after the histograms, after the cancels (their result array dropped: it is the
 caller's) and after the ``flush()`` that makes them durable (and evicts them from the core);
-the histogram times; the ``cancel_many`` rate; the replayed add's time.
+the histogram times; the ``cancel_many`` rate; the replayed add's time; the bytes of overrides
+held in memory (the catalog's packed copy plus the core's cancels) before and after the merges.
 """
 
 import gc
@@ -24,8 +27,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np
 from baselines import _rss_bytes, delayed_subset
 
-from delayindex import DelayIndex, FileStorage, ManualClock
+from delayindex import DelayIndex, FileStorage, ManualClock, TrackerConfig
 from delayindex._memory import release_free_memory
+
+
+def overrides_held(index: DelayIndex) -> int:
+    """Bytes of cancel overrides the index holds in memory: the catalog's packed copy and the
+    core's own bitmaps (its cancels still in memory, at the core's bytes per cancel)."""
+    packed = len(index._catalog.manifest.overrides.cancelled_packed)
+    in_core = int(index._core.counters()["cancel_overrides"])
+    return packed + in_core  # at least 1 B per cancel kept by the core (roaring: ~1 B)
+
 
 n = int(sys.argv[1])
 cols = delayed_subset(n)
@@ -65,6 +77,7 @@ index.flush()
 gc.collect()
 release_free_memory()
 after_flush = _rss_bytes()
+before_merges = overrides_held(index)  # after the flush: the cancels of sealed buckets evicted
 times2 = []
 for _ in range(3):
     t = time.perf_counter()
@@ -83,6 +96,32 @@ assert index.add(int(cols[0][0]), int(cols[1][0]), int(cols[2][0])) is True
 restore_s = time.perf_counter() - t
 assert not index.contains(int(cols[0][0]), int(cols[1][0]))
 stats = index.stats()
+memory_usage = index.memory_usage_bytes()
+buckets = len(index.buckets())
+index.flush()
+index.close()
+# The next merges: the index reopened with a bound of 4 buckets, so that merging takes in
+# (nearly) every bucket, each merge folding its range's cancels into the merged snapshot.
+gc.collect()
+release_free_memory()
+closed = _rss_bytes()
+t = time.perf_counter()
+index = DelayIndex.open(FileStorage(root), "p", TrackerConfig(max_num_buckets=4), clock=clock)
+for _ in range(int(sys.argv[2]) if len(sys.argv) > 2 else 10**9):
+    if not index.stats()["over_limit"]:
+        break
+    index.flush()  # waits for the merges started so far; each success may start another
+    time.sleep(0.01)
+merge_s = time.perf_counter() - t
+gc.collect()
+release_free_memory()
+merged = _rss_bytes()
+after_merges = overrides_held(index)
+t = time.perf_counter()
+assert index.add(int(cols[0][2]), int(cols[1][2]), int(cols[2][2])) is True
+refold_s = time.perf_counter() - t
+assert not index.contains(int(cols[0][2]), int(cols[1][2]))
+merged_stats = index.stats()
 print(
     json.dumps(
         {
@@ -100,8 +139,16 @@ print(
             "cancel_overrides_evicted": stats.get("cancel_overrides_evicted"),
             "flush_of_one_more_cancel_s": round(note_s, 3),
             "first_replayed_cancelled_add_s": round(restore_s, 3),
-            "memory_usage_bytes": index.memory_usage_bytes(),
-            "buckets": len(index.buckets()),
+            "memory_usage_bytes": memory_usage,
+            "buckets": buckets,
+            "overrides_held_before_merges_B_per_msg": before_merges / n,
+            "reopen_and_merge_to_4_buckets_s": round(merge_s, 2),
+            "overrides_held_after_merges_B_per_msg": after_merges / n,
+            "rss_change_reopen_and_merges_B_per_msg": (merged - closed) / n,
+            "cancel_overrides_folded": merged_stats["cancel_overrides_folded"],
+            "cancel_overrides_after_merges": merged_stats["cancel_overrides"],
+            "first_replayed_cancelled_add_after_merges_s": round(refold_s, 3),
+            "buckets_after_merges": len(index.buckets()),
         }
     )
 )

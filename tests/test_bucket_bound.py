@@ -557,3 +557,29 @@ def test_stateful_counterexample_a_failed_rollback_kept_a_bucket_in_memory() -> 
     machine.burst(count=1, offset=1, spread=0)
     machine.consistent()
     machine.teardown()
+
+
+def test_an_index_opened_over_its_bound_merges_at_open() -> None:
+    """A lower ``max_num_buckets`` at open (or a crash mid-merge) merges right away, not only
+    after the next seal; what was durable is delivered exactly once."""
+    clock, storage = ManualClock(T0), MemoryStorage()
+    config = TrackerConfig(
+        tick_ms=0, min_index_count_per_bucket=4, max_indexes_per_segment=2, max_num_buckets=0
+    )
+    index = DelayIndex.open(storage, NAME, config, clock=clock, executor=InlineExecutor())
+    for ledger in range(1, 12):
+        for entry in range(4):
+            assert index.add(ledger, entry, T0 + 100 * ledger + entry)
+    index.close()
+    assert len(storage.read_manifest(NAME).buckets) == 10  # ledger 11 was memory-only
+    bounded = TrackerConfig(
+        tick_ms=0, min_index_count_per_bucket=4, max_indexes_per_segment=2, max_num_buckets=3
+    )
+    index = DelayIndex.open(storage, NAME, bounded, clock=clock, executor=InlineExecutor())
+    try:
+        assert len(index.buckets()) <= 3 and index.stats()["over_limit"] == 0
+        clock.set(T0 + 10_000)
+        delivered = [(p.ledger_id, p.entry_id) for p in index.poll(1000)]
+        assert sorted(delivered) == [(lg, e) for lg in range(1, 11) for e in range(4)]
+    finally:
+        index.close()

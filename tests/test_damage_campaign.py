@@ -1,6 +1,8 @@
 """Damage campaign: every byte of every file kind of a FileStorage store, damaged in turn.
 
-A template store holds one index of three sealed buckets (several segments each). For each
+A template store holds one index of three sealed buckets (several segments each); a second
+holds a merged bucket whose snapshot carries folded cancels (metadata format 3), where an
+undamaged outcome must also still refuse the replay of the cancelled positions. For each
 damage (a single-bit flip at every byte of the manifest and of one snapshot object, which
 covers its header, metadata entry, first and later segments; truncations; zero-fill; deletion)
 a fresh copy is damaged, opened on a clock before anything is due, and drained on a far clock.
@@ -19,6 +21,7 @@ exception that is not a ``DelayIndexError``, never a deleted damaged file.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -52,35 +55,58 @@ CONFIG = TrackerConfig(
 )
 
 
+#: The folded store: a merge of ledgers 1..4 folded three cancels into its snapshot (format 3).
+FOLD_CONFIG = dataclasses.replace(CONFIG, max_num_buckets=2)
+CANCELLED = (Position(1, 1), Position(1, 6), Position(2, 3))
+
+
 @dataclass(frozen=True)
 class Template:
     root: Path
     schedule: dict[Position, int]  # the durable positions (the mutable bucket's is lost)
     manifest: Path
-    victim: Path  # the snapshot object of the middle bucket
+    victim: Path  # the snapshot object of the middle bucket, or of the folded one
     victim_range: tuple[int, int]
     entry_spans: tuple[tuple[int, int], ...]  # byte range of each entry of the victim
+    config: TrackerConfig
+    cancelled: tuple[Position, ...]  # folded into the victim: a replay must stay refused
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Template:
+def _at(ledger: int, entry: int) -> int:
+    return T0 + 5_000 + ledger * 11 + entry * 700
+
+
+@pytest.fixture(scope="module", params=["plain", "folded"])
+def template(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Template:
+    folded = request.param == "folded"
+    config = FOLD_CONFIG if folded else CONFIG
     root = tmp_path_factory.mktemp("campaign") / "store"
     schedule: dict[Position, int] = {}
     with FileStorage(root) as storage:
         index = DelayIndex.open(
-            storage, NAME, CONFIG, clock=ManualClock(T0), executor=InlineExecutor()
+            storage, NAME, config, clock=ManualClock(T0), executor=InlineExecutor()
         )
-        for ledger in (1, 2, 3):
+        for ledger in (1, 2, 3, 4, 5) if folded else (1, 2, 3):
             for entry in range(8):
-                at = T0 + 5_000 + ledger * 11 + entry * 700
-                assert index.add(ledger, entry, at)
-                schedule[Position(ledger, entry)] = at
-        assert index.add(4, 0, T0 + 90_000)  # seals ledger 3; lost at close (replayed)
+                assert index.add(ledger, entry, _at(ledger, entry))
+                schedule[Position(ledger, entry)] = _at(ledger, entry)
+            if folded and ledger == 3:  # ledgers 1 and 2 sealed: cancel some, durably
+                assert all(index.cancel(*p) for p in CANCELLED)
+                index.flush()
+        for p in CANCELLED if folded else ():
+            del schedule[p]
+        assert index.add(6 if folded else 4, 0, T0 + 90_000)  # seals; lost at close (replayed)
         index.flush()
         buckets = index.buckets()
-        assert [b.state for b in buckets] == ["durable"] * 3
-        assert all(b.num_segments >= 3 for b in buckets)
-        victim_id = buckets[1].snapshot_id
+        assert all(b.state == "durable" for b in buckets)
+        if folded:
+            assert [(b.start_ledger, b.end_ledger) for b in buckets] == [(1, 4), (5, 5)]
+            assert index.stats()["cancel_overrides_folded"] == len(CANCELLED)
+            assert not storage.read_manifest(NAME).overrides  # the merged snapshot holds them
+            victim_id, victim_range = buckets[0].snapshot_id, (1, 4)
+        else:
+            assert len(buckets) == 3 and all(b.num_segments >= 3 for b in buckets)
+            victim_id, victim_range = buckets[1].snapshot_id, (2, 2)
         assert victim_id is not None
         index.close()
         victim = storage.object_path(victim_id)
@@ -91,7 +117,10 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Template:
         (header.entry_offset(i), header.entry_offset(i) + length)
         for i, length in enumerate(header.entry_lengths)
     )
-    return Template(root, schedule, manifest, victim, (2, 2), spans)
+    return Template(
+        root, schedule, manifest, victim, victim_range, spans, config,
+        CANCELLED if folded else (),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -177,7 +206,7 @@ def run_case(t: Template, damage: Damage, work: Path) -> str:
     clock = ManualClock(T0)
     with FileStorage(root) as storage:
         try:
-            index = DelayIndex.open(storage, NAME, CONFIG, clock=clock, executor=InlineExecutor())
+            index = DelayIndex.open(storage, NAME, t.config, clock=clock, executor=InlineExecutor())
         except RecoveryError as exc:
             assert target.name in str(exc) or NAME in str(exc), f"{damage.label}: {exc}"
             outcome = "c"
@@ -206,6 +235,9 @@ def check_drain(t: Template, damage: Damage, index: DelayIndex, clock: ManualClo
     missing = expected - set(delivered)
     if not missing:
         assert not index.quarantined() or damage.target == "object"
+        if not index.quarantined():  # the folded cancels hold against the replay
+            for p in t.cancelled:
+                assert index.add(*p, FAR) and not index.contains(*p), f"{damage.label}: {p}"
         return "a"
     # (b): only the damaged bucket's positions may be missing, and they must be reported.
     quarantined = index.quarantined()
@@ -213,7 +245,8 @@ def check_drain(t: Template, damage: Damage, index: DelayIndex, clock: ManualClo
     assert index.stats()["health"] == "degraded"
     covered = {(q.start_ledger, q.end_ledger) for q in quarantined}
     assert covered == {t.victim_range}, f"{damage.label}: quarantined {covered}"
-    assert all(p.ledger_id == t.victim_range[0] for p in missing), (
+    low, high = t.victim_range
+    assert all(low <= p.ledger_id <= high for p in missing), (
         f"{damage.label}: undamaged buckets stalled: {sorted(missing)[:5]}"
     )
     [info] = quarantined

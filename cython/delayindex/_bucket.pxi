@@ -477,10 +477,28 @@ cdef class BucketCore:
         self.evicted_max = self.evicted.max
         return evicted
 
+    def evict_range(self, int64_t start, int64_t end, bint drop) -> int:
+        """Mark ledgers ``start..end`` evicted: their cancels are held by the driver (a
+        merge folded them into its bucket). With ``drop``, the cancels of the range leave
+        memory (returns how many); without, those in memory stay (they are still answered)."""
+        cdef int64_t removed = 0
+        check_ids(start, 0)
+        check_ids(end, 0)
+        if start > end:
+            raise ValueError(f"empty ledger range {start}..{end}")
+        if drop:
+            removed = self.cancelled.remove_ledgers(start, end)
+            if removed:
+                self.cancelled.compact()
+        self.evicted.add(start, end)
+        self.evicted_max = self.evicted.max
+        return removed
+
     def restore_evicted(self, ledgers, entries) -> int:
         """Take back the evicted cancels (the driver's durable record, ascending, as two int64
-        arrays; positions outside the evicted ranges or at or below the mark are skipped);
-        returns how many came back. Nothing is evicted afterwards."""
+        arrays; positions outside the evicted ranges or at or below the mark are skipped, and
+        so are rescheduled ones: a move is newer than a cancel folded before it); returns how
+        many came back. Nothing is evicted afterwards."""
         ledger_column = np.ascontiguousarray(ledgers, dtype=np.int64)
         entry_column = np.ascontiguousarray(entries, dtype=np.int64)
         if len(ledger_column) != len(entry_column):
@@ -493,7 +511,8 @@ cdef class BucketCore:
         for i in range(ls.shape[0]):
             if keep[i]:
                 check_ids(ls[i], es[i])
-                if not self.acked(ls[i], es[i]):
+                if not self.acked(ls[i], es[i]) and not (
+                        self.moved and (ls[i], es[i]) in self.moved):
                     restored += self.cancelled.cadd(ls[i], es[i])
         self.evicted.clear()
         self.evicted_max = -1

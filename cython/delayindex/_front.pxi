@@ -100,7 +100,7 @@ cdef class Front:
             now = self.now()
             code = self.core_add(ledger, entry, deliver_at, c_ledger, c_entry, c_time, now)
             if code == ADD_NEED_OVERRIDES_ and self.restore is not None:
-                self.restore()
+                self.restore(c_ledger)
                 code = self.core_add(ledger, entry, deliver_at, c_ledger, c_entry, c_time, now)
             if code == ADD_SEAL_FIRST_ and self.seal is not None:
                 self.seal()

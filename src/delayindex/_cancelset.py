@@ -102,31 +102,6 @@ def unpack_cancelled(packed: bytes) -> tuple[Int64Array, Int64Array]:
     return np.repeat(ledgers, counts), entries
 
 
-def union_positions(
-    ledgers: Int64Array, entries: Int64Array, more_ledgers: Int64Array, more_entries: Int64Array
-) -> tuple[Int64Array, Int64Array]:
-    """Two ascending, disjoint position sets (int64 column pairs) as one ascending pair.
-
-    Linear when the ledgers fit 31 bits (one int64 key per position, the smaller set inserted
-    by binary search); a lexicographic sort otherwise."""
-    ledgers = np.asarray(ledgers, dtype=np.int64)
-    more_ledgers = np.asarray(more_ledgers, dtype=np.int64)
-    if not len(ledgers) or not len(more_ledgers):
-        if len(ledgers):
-            return ledgers, np.asarray(entries, dtype=np.int64)
-        return more_ledgers, np.asarray(more_entries, dtype=np.int64)
-    all_ledgers = np.concatenate([ledgers, more_ledgers])
-    all_entries = np.concatenate([entries, more_entries]).astype(np.int64, copy=False)
-    if int(all_ledgers.max()) < 2**31:
-        keys = (ledgers << 32) | np.asarray(entries, dtype=np.int64)
-        more = (more_ledgers << 32) | np.asarray(more_entries, dtype=np.int64)
-        small, large = (keys, more) if len(keys) <= len(more) else (more, keys)
-        merged = np.insert(large, np.searchsorted(large, small), small)
-        return merged >> 32, merged & 0xFFFFFFFF
-    order = np.lexsort((all_entries, all_ledgers))
-    return all_ledgers[order], all_entries[order]
-
-
 def count_packed(packed: bytes) -> int:
     """How many positions a packed form holds (its frame is decompressed, its entries are
     not decoded); ``ValueError`` if it does not unpack."""
@@ -147,16 +122,27 @@ def count_packed(packed: bytes) -> int:
 def union_unique(
     ledgers: Int64Array, entries: Int64Array, more_ledgers: Int64Array, more_entries: Int64Array
 ) -> tuple[Int64Array, Int64Array]:
-    """Two ascending position sets (int64 column pairs), overlapping or not, as one ascending
-    pair with each position once."""
-    all_ledgers = np.concatenate(
-        [np.asarray(ledgers, np.int64), np.asarray(more_ledgers, np.int64)]
-    )
-    all_entries = np.concatenate(
-        [np.asarray(entries, np.int64), np.asarray(more_entries, np.int64)]
-    )
-    if not len(all_ledgers):
-        return all_ledgers, all_entries
+    """Two ascending position sets (int64 column pairs, each position once in each), which
+    may overlap, as one ascending pair with each position once.
+
+    O(small log large) when the ledgers fit 31 bits (one int64 key per position: the smaller
+    set's new keys are inserted by binary search); a lexicographic sort otherwise."""
+    ledgers = np.asarray(ledgers, dtype=np.int64)
+    entries = np.asarray(entries, dtype=np.int64)
+    more_ledgers = np.asarray(more_ledgers, dtype=np.int64)
+    more_entries = np.asarray(more_entries, dtype=np.int64)
+    if not len(ledgers) or not len(more_ledgers):
+        return (ledgers, entries) if len(ledgers) else (more_ledgers, more_entries)
+    if max(int(ledgers[-1]), int(more_ledgers[-1])) < 2**31:
+        keys = (ledgers << 32) | entries
+        more = (more_ledgers << 32) | more_entries
+        small, large = (keys, more) if len(keys) <= len(more) else (more, keys)
+        at = np.searchsorted(large, small)
+        known = large[np.minimum(at, len(large) - 1)] == small
+        merged = np.insert(large, at[~known], small[~known])
+        return merged >> 32, merged & 0xFFFFFFFF
+    all_ledgers = np.concatenate([ledgers, more_ledgers])
+    all_entries = np.concatenate([entries, more_entries])
     order = np.lexsort((all_entries, all_ledgers))
     all_ledgers, all_entries = all_ledgers[order], all_entries[order]
     fresh = np.r_[True, (np.diff(all_ledgers) != 0) | (np.diff(all_entries) != 0)]

@@ -168,10 +168,28 @@ class BucketOverrides:
             self._cancelled.compact()  # the emptied ledgers' slots go too
         return evicted
 
+    def evict_range(self, start: int, end: int, drop: bool) -> int:
+        """Mark ledgers ``start..end`` evicted: their cancels are held by the driver (a
+        merge folded them into its bucket). With ``drop``, the cancels of the range leave
+        memory (returns how many); without, those in memory stay (they are still answered)."""
+        check_ids(start, 0)
+        check_ids(end, 0)
+        if start > end:
+            raise ValueError(f"empty ledger range {start}..{end}")
+        removed = 0
+        if drop:
+            removed = int(self._cancelled.remove_ledgers(start, end))
+            if removed:
+                self._cancelled.compact()
+        self._evicted.add(start, end)
+        self._overridden = True  # adds must look at the evicted ranges
+        return removed
+
     def restore_evicted(self, ledgers: Any, entries: Any) -> int:
         """Take back the evicted cancels (the driver's durable record, ascending, as two int64
-        arrays; positions outside the evicted ranges or at or below the mark are skipped);
-        returns how many came back. Nothing is evicted afterwards."""
+        arrays; positions outside the evicted ranges or at or below the mark are skipped, and
+        so are rescheduled ones: a move is newer than a cancel folded before it); returns how
+        many came back. Nothing is evicted afterwards."""
         ls, es = np.asarray(ledgers, dtype=np.int64), np.asarray(entries, dtype=np.int64)
         if len(ls) != len(es):
             raise ValueError("ledgers and entries differ in length")
@@ -179,7 +197,7 @@ class BucketOverrides:
         restored = 0
         for ledger, entry in zip(ls[keep].tolist(), es[keep].tolist(), strict=True):
             check_ids(ledger, entry)
-            if (ledger, entry) > self._mark:
+            if (ledger, entry) > self._mark and (ledger, entry) not in self._moved:
                 restored += int(self._cancelled.add(ledger, entry))
         self._evicted.clear()
         return restored

@@ -57,7 +57,7 @@ class Front:
         self.core: Any = core
         self.arming: Any = None
         self.seal: Callable[[], object] | None = None
-        self.restore: Callable[[], object] | None = None
+        self.restore: Callable[[int], object] | None = None
         self.queued: Any = None  # a Sized (DelayIndex: its deque of jobs) or None
         self.submit: Callable[[], object] | None = None
         self.check_open: Callable[[], object] | None = None
@@ -75,7 +75,7 @@ class Front:
             core = self.core
             code = core.add(ledger, entry, deliver_at, now)
             if code == ADD_NEED_OVERRIDES and self.restore is not None:
-                self.restore()
+                self.restore(ledger)
                 code = core.add(ledger, entry, deliver_at, now)
             if code == ADD_SEAL_FIRST and self.seal is not None:
                 self.seal()

@@ -43,7 +43,8 @@ class _Bucket:
     """Driver-side record of a sealed bucket (the core knows it only as a source id)."""
 
     __slots__ = (
-        "bounds", "current", "damage", "end", "exhausted", "load_failures", "maxs", "merging",
+        "bounds", "current", "damage", "end", "exhausted", "folded", "load_failures", "maxs",
+        "merging",
         "mins", "num_messages", "positions_known", "sid", "snapshot_bytes", "snapshot_id",
         "start", "state",
     )  # fmt: skip
@@ -65,6 +66,7 @@ class _Bucket:
         self.load_failures = 0  # consecutive failed segment reads (transient storage errors)
         self.damage: QuarantineRecord | None = None  # set while quarantined or released
         self.positions_known = False  # quarantined: its positions are still tracked
+        self.folded = 0  # cancels a merge folded into its snapshot (held there, not in memory)
 
     @property
     def num_segments(self) -> int:

@@ -66,6 +66,7 @@ class HousekeepingMixin:
     _request_delete: Callable[[str], None]
     _resolve_merge_job: Callable[[], None]
     _resume_merges: Callable[[int], None]
+    _unfold: Callable[[_Bucket], bool]
     _retry_quarantine_commits: Callable[[], None]
     _schedule_persist: Callable[[], None]
 
@@ -98,7 +99,17 @@ class HousekeepingMixin:
             self._retire(bucket)
 
     def _retire(self, bucket: _Bucket) -> None:
-        """Drop a durable bucket from memory and queue its two-phase delete (lock held)."""
+        """Drop a durable bucket from memory and queue its two-phase delete (lock held).
+
+        A bucket holding folded cancels above the mark hands them back first (they go to the
+        manifest with the delete's commit); if they cannot be read it stays, since its object
+        is their only copy, until the mark passes it."""
+        mark = self._mark
+        if bucket.folded and (mark is None or bucket.end >= mark[0]):
+            if not self._unfold(bucket):
+                bucket.exhausted = True
+                return
+            bucket.folded = 0
         snapshot_id = bucket.snapshot_id
         self._drop_bucket(bucket)
         if snapshot_id is not None:

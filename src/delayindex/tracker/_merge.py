@@ -4,7 +4,8 @@ When more than ``max_num_buckets`` buckets are sealed, up to four adjacent durab
 the fewest messages are merged on the executor: their segments are read back, filtered to
 still-tracked positions, re-cut and written; the sources stay live until the merged snapshot is
 durable (one manifest commit swaps them), so a failed merge changes nothing. A merge whose
-commit outcome is unknown is resolved by a resync before anything is retried.
+commit outcome is unknown is resolved by a resync before anything is retried. The cancels of
+the merged range are folded into the merged snapshot (see ``_overrides.py``, "Folding").
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ class MergeMixin:
     ]
     _defer_at: Callable[[int], int]
     _drop_bucket: Callable[..., None]
+    _fold_for_merge: Callable[[list[_Bucket]], tuple[bytes, int]]
+    _folded: Callable[[int, int, int | None], None]
     _make_durable: Callable[[_Bucket, BucketRecord, SnapshotMetadata], None]
     _new_bucket: Callable[[int, int, int], _Bucket]
     _now: Callable[[], int]
@@ -160,6 +163,7 @@ class MergeMixin:
         record: BucketRecord | None = None
         metadata: SnapshotMetadata | None = None
         reading: _Bucket | None = None
+        fold_gen: int | None = None
         try:
             columns: list[tuple[Int64Array, Int64Array, Int64Array]] = []
             for b in sources:
@@ -179,10 +183,16 @@ class MergeMixin:
                     )
             times, ledgers, entries = times[keep], ledgers[keep], entries[keep]
             if len(times):
+                # The range's cancels move into the merged bucket (it holds them for the
+                # dispatcher's replay), so they leave memory and the manifest.
+                reading = None  # a folded set that does not read fails the merge, no more
+                folded, fold_gen = self._fold_for_merge(sources)
                 # build_snapshot sorts (natively, without the GIL).
                 metadata, segments = self._build(
                     times, ledgers, entries, sources[0].start, sources[-1].end
                 )
+                if folded:
+                    metadata = metadata.with_folded(folded)
                 # The sources' objects are deleted only once this index no longer reads them
                 # (_merge_succeeded): a poll may be loading one of their segments right now.
                 record = self._catalog.create_bucket(
@@ -227,7 +237,7 @@ class MergeMixin:
                 self._maybe_merge()  # still too many buckets? merges chain until they fit
                 return
             assert metadata is not None
-            self._merge_succeeded(sources, epoch, record, metadata)
+            self._merge_succeeded(sources, epoch, record, metadata, fold_gen)
 
     def _merge_failed(self, sources: list[_Bucket], epoch: int) -> None:
         """A merge did not happen: the sources are themselves again (lock held), and merging
@@ -248,13 +258,19 @@ class MergeMixin:
                 self._retire(b)
 
     def _merge_succeeded(
-        self, sources: list[_Bucket], epoch: int, record: BucketRecord, metadata: SnapshotMetadata
+        self,
+        sources: list[_Bucket],
+        epoch: int,
+        record: BucketRecord,
+        metadata: SnapshotMetadata,
+        fold_gen: int | None = None,
     ) -> None:
         """The merged bucket is live and its sources are gone from the manifest (lock held).
 
         The sources' in-memory runs (loaded segments) are dropped: every position still
         tracked in them was tracked when the merge filtered, so it is in the merged snapshot,
-        behind a placeholder for segment 1 that keeps delivery in global order.
+        behind a placeholder for segment 1 that keeps delivery in global order. Cancels it
+        folded (taken at ``fold_gen``; None: unknown) leave memory and the manifest.
         """
         self._merge_in_flight = False
         self._merge_failures = 0
@@ -269,6 +285,8 @@ class MergeMixin:
             self._drop_bucket(b, keep_range=True)  # the merged range is registered
         merged = self._new_bucket(record.start_ledger, record.end_ledger, record.num_messages)
         self._make_durable(merged, record, metadata)
+        if merged.folded:
+            self._folded(merged.start, merged.end, fold_gen)
         # Nothing in memory: a placeholder for segment 1, read back when it comes due.
         self._core.set_source(merged.sid, _EMPTY, _EMPTY, _EMPTY, merged.next_time(0))
         if self._mark is not None and merged.end < self._mark[0]:

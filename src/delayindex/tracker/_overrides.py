@@ -29,6 +29,19 @@ evicted ones, so the manifest always carries them all; joining them means decodi
 never on the add path: a seal leaves it to its persist job. The core's
 ``override_gen`` makes eviction safe against a cancel made between the note and the end of its
 commit: nothing is evicted if the set changed meanwhile.
+
+Folding. A merge moves the cancels of its ledger range into the merged snapshot
+(``folded_cancels``, snapshot format 3): :meth:`_fold_for_merge` takes them (the core's, the
+record's and the sources' folded ones, less the rescheduled positions) with the core's
+``override_gen``; once the merged bucket is live, :meth:`_folded` evicts the range
+(``BucketCore.evict_range``) and, if the gen did not move, drops the core's copies and has the
+next note drop the record's (``_fold_pending``). If it moved, both keep theirs: a folded set is
+then a duplicate, never the only copy of a newer state. Truth is therefore the record's cancels
+plus every live bucket's folded ones, less the positions with a move (a reschedule after a fold
+wins; ``restore_evicted`` skips moved positions). :meth:`_restore_evicted` reads the folded sets
+back; a bucket whose set cannot be read keeps its range evicted and adds there raise. A folded
+bucket deleted above the mark (:meth:`_unfold`, from ``_retire``; at open, a wholly due one)
+first hands its cancels back to memory, so the delete's commit carries them in the manifest.
 """
 
 from __future__ import annotations
@@ -41,9 +54,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from delayindex._cancelset import pack_cancelled, union_unique
 from delayindex._ranges import LedgerRanges
+from delayindex.errors import SnapshotCorruptError, SnapshotNotFoundError, StorageError
 from delayindex.model import ADD_DELIVER, ADD_NEED_OVERRIDES, ADD_SEAL_FIRST
-from delayindex.storage._overrides import Overrides, union_positions
+from delayindex.storage._overrides import Overrides
 from delayindex.tracker.in_memory import _diagnose, as_int64_array
 
 
@@ -54,10 +69,12 @@ def _joined(
     record: Overrides,
     evicted: list[tuple[int, int]],
     mark: tuple[int, int] | None,
+    folded: list[tuple[int, int]] = [],  # noqa: B006 (never mutated)
 ) -> tuple[Overrides, int]:
     """The overrides to note: a core's cancels (``ledgers``, ``entries``) and ``moved``, plus
-    the cancels of ``record`` (the catalog's current copy) that lie in the ``evicted`` ranges
-    and above ``mark``; and how many of those there were."""
+    the cancels of ``record`` (the catalog's current copy) that lie in the ``evicted`` ranges,
+    outside the ``folded`` ones (a merge folded them into its bucket since the record was
+    made) and above ``mark``; and how many of those there were."""
     if not evicted:
         return Overrides.from_arrays(ledgers, entries, moved), 0
     stored_ledgers, stored_entries, *_ = record.to_arrays()
@@ -65,12 +82,19 @@ def _joined(
     for start, end in evicted:
         ranges.add(start, end)
     keep = ranges.mask(stored_ledgers)
+    if folded:
+        done = LedgerRanges()
+        for start, end in folded:
+            done.add(start, end)
+        keep &= ~done.mask(stored_ledgers)
     if mark is not None:
         keep &= (stored_ledgers > mark[0]) | (
             (stored_ledgers == mark[0]) & (stored_entries > mark[1])
         )
     kept_ledgers, kept_entries = stored_ledgers[keep], stored_entries[keep]
-    ledgers, entries = union_positions(ledgers, entries, kept_ledgers, kept_entries)
+    # Overlapping: a range evicted without dropping (a fold racing a cancel, or at open)
+    # keeps its cancels in the core as well.
+    ledgers, entries = union_unique(ledgers, entries, kept_ledgers, kept_entries)
     return Overrides.from_arrays(ledgers, entries, moved), len(kept_ledgers)
 
 
@@ -88,6 +112,10 @@ class OverridesMixin:
     _mark: tuple[int, int] | None
     _noted_gen: int  # the core's override_gen at the last note (-1: none)
     _evicted_count: int  # cancels held only in the catalog's record (not in the core)
+    _fold_pending: list[tuple[int, int]]  # ranges folded since the last note (record: drop)
+    _buckets: dict[int, Any]
+    _storage: Any
+    _warnings: Any
 
     if TYPE_CHECKING:  # provided by DelayIndex
 
@@ -160,7 +188,7 @@ class OverridesMixin:
             try:
                 code = self._core.reschedule(ledger_id, entry_id, deliver_at, now)
                 if code == ADD_NEED_OVERRIDES:  # evicted cancels there: take them back first
-                    self._restore_evicted()
+                    self._restore_evicted(ledger_id)
                     code = self._core.reschedule(ledger_id, entry_id, deliver_at, now)
                 if code == ADD_SEAL_FIRST:  # recorded and untracked: seal, then track it
                     self._seal()
@@ -185,11 +213,12 @@ class OverridesMixin:
         core = self._core
         gen = core.override_gen
         ledgers, entries, moved = core.override_record()
+        folded = list(self._fold_pending)
         overrides, kept = _joined(
             ledgers, entries, moved, self._catalog.manifest.overrides,
-            core.evicted_ranges(), self._mark,
+            core.evicted_ranges(), self._mark, folded,
         )  # fmt: skip
-        self._noted(overrides, kept, gen)
+        self._noted(overrides, kept, gen, len(folded))
         return True
 
     def _note_overrides_unlocked(self) -> bool:
@@ -205,27 +234,119 @@ class OverridesMixin:
             gen = core.override_gen
             ledgers, entries, moved = core.override_record()
             record, mark = self._catalog.manifest.overrides, self._mark
-        overrides, kept = _joined(ledgers, entries, moved, record, ranges, mark)
+            folded = list(self._fold_pending)
+        overrides, kept = _joined(ledgers, entries, moved, record, ranges, mark, folded)
         with self._lock:
             if not self._overrides_dirty:
                 return False  # noted meanwhile
-            if self._core.override_gen != gen or self._catalog.manifest.overrides is not record:
+            if (
+                self._core.override_gen != gen
+                or self._catalog.manifest.overrides is not record
+                or self._fold_pending != folded
+            ):
                 return self._note_overrides()  # changed meanwhile (rare): again, locked
-            self._noted(overrides, kept, gen)
+            self._noted(overrides, kept, gen, len(folded))
             return True
 
-    def _noted(self, overrides: Overrides, evicted: int, gen: int) -> None:
+    def _noted(self, overrides: Overrides, evicted: int, gen: int, folds: int = 0) -> None:
         self._catalog.note_overrides(overrides)
         self._evicted_count = evicted
         self._noted_gen = gen
         self._overrides_dirty = False
+        del self._fold_pending[:folds]  # the record no longer holds what those merges folded
 
-    def _restore_evicted(self) -> None:
-        """The core needs the cancels it evicted (lock held): hand it the catalog's record,
-        which holds them all (see the module docs)."""
+    def _restore_evicted(self, ledger: int | None = None) -> None:
+        """The core needs the cancels it evicted (lock held): hand it the catalog's record and
+        the cancels folded into merged buckets, which together hold them all (see the module
+        docs).
+
+        A bucket whose folded cancels cannot be read keeps its range evicted (reported in
+        ``stats()``); if ``ledger`` (the position an add or reschedule is for) lies there, the
+        read's error is raised: the position may be cancelled, so it is neither added nor
+        delivered.
+        """
         ledgers, entries, *_ = self._catalog.manifest.overrides.to_arrays()
+        failed: list[tuple[Any, Exception]] = []
+        for bucket in list(self._buckets.values()):
+            if not bucket.folded:
+                continue
+            try:
+                folded = self._read_folded(bucket)
+            except (SnapshotCorruptError, SnapshotNotFoundError, StorageError) as exc:
+                failed.append((bucket, exc))
+                continue
+            ledgers, entries = union_unique(ledgers, entries, *folded)
         self._core.restore_evicted(ledgers, entries)
         self._evicted_count = 0
+        error: Exception | None = None
+        for bucket, failure in failed:
+            self._core.evict_range(bucket.start, bucket.end, False)
+            self._warnings.append(
+                f"the cancels folded into bucket [{bucket.start}, {bucket.end}] cannot be read "
+                f"({failure}); adds of untracked positions in those ledgers are refused with an "
+                "error until it reads again or the mark-delete passes it"
+            )
+            if ledger is not None and bucket.start <= ledger <= bucket.end:
+                error = failure
+        if error is not None:
+            raise error
+
+    def _read_folded(self, bucket: Any) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The cancels folded into a durable bucket's snapshot, read from storage."""
+        metadata = self._storage.get_metadata(bucket.snapshot_id, check_bitmaps=False)
+        try:
+            return metadata.folded_positions()  # type: ignore[no-any-return]
+        except ValueError as exc:  # checked at decode: only a changed object gets here
+            raise SnapshotCorruptError(f"{bucket.snapshot_id}: folded cancels: {exc}") from None
+
+    def _unfold(self, bucket: Any) -> bool:
+        """A bucket with folded cancels is about to be deleted above the mark (lock held): its
+        cancels go back to memory, and so to the manifest with the delete's commit. False
+        (nothing changed) if they cannot be read: the bucket must stay."""
+        try:
+            self._restore_evicted(bucket.start)
+        except (SnapshotCorruptError, SnapshotNotFoundError, StorageError):
+            return False
+        self._overrides_dirty = self._overrides_used = True
+        return True
+
+    def _fold_for_merge(self, sources: list[Any]) -> tuple[bytes, int]:
+        """The cancels a merge of ``sources`` folds into its bucket (packed) and the core's
+        ``override_gen`` they were taken at: every cancel of the merged range above the mark,
+        from the core, the catalog's record and the sources' own folded cancels, except the
+        rescheduled positions. Runs in the merge job: only the core's copy is taken locked."""
+        start, end = sources[0].start, sources[-1].end
+        with self._lock:
+            core = self._core
+            gen = core.override_gen
+            folded_sources = [b for b in sources if b.folded]
+            if not self._overrides_used and not folded_sources:
+                return b"", gen
+            ledgers, entries, moved = core.override_record()
+            record, mark = self._catalog.manifest.overrides, self._mark
+        stored_ledgers, stored_entries, *_ = record.to_arrays()
+        ledgers, entries = union_unique(ledgers, entries, stored_ledgers, stored_entries)
+        for bucket in folded_sources:
+            ledgers, entries = union_unique(ledgers, entries, *self._read_folded(bucket))
+        keep = (ledgers >= start) & (ledgers <= end)
+        if mark is not None:
+            keep &= (ledgers > mark[0]) | ((ledgers == mark[0]) & (entries > mark[1]))
+        if moved:
+            rescheduled = {(m[0], m[1]) for m in moved}
+            pairs = zip(ledgers.tolist(), entries.tolist(), strict=True)
+            keep &= np.fromiter((p not in rescheduled for p in pairs), np.bool_, len(ledgers))
+        return pack_cancelled(ledgers[keep], entries[keep]), gen
+
+    def _folded(self, start: int, end: int, gen: int | None) -> None:
+        """A merged bucket ``start..end`` holding folded cancels is live (lock held): the core
+        drops its copies of them if nothing changed since they were taken at ``gen``, and the
+        next note drops the record's; otherwise both keep theirs (they are then held twice,
+        which is harmless). Either way the range is evicted: adds there ask for them."""
+        unchanged = gen is not None and self._core.override_gen == gen
+        self._core.evict_range(start, end, unchanged)
+        if unchanged:
+            self._fold_pending.append((start, end))
+            self._overrides_dirty = self._overrides_used = True
 
     def _evict_cancels(self, gen: int) -> None:
         """A commit carried the overrides noted at ``gen`` (lock held): unless they changed

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from delayindex.errors import (
     ManifestConflictError,
     RecoveryError,
@@ -27,6 +29,8 @@ from delayindex.storage.manifest import BucketRecord, QuarantineRecord
 from delayindex.tracker._bucket import _Bucket
 from delayindex.tracker._damage import ProblemLog, damage_reason
 from delayindex.tracker._stats import _OpStats
+
+_NONE = np.empty(0, dtype=np.int64)
 
 
 def _live_positions(metadata: SnapshotMetadata, first: int, name: str) -> Any:
@@ -70,6 +74,9 @@ class RecoveryMixin:
     _quarantined_positions: Callable[[QuarantineRecord], Any]
     _request_delete: Callable[[str], None]
     _restore_overrides: Callable[[], None]
+    _maybe_merge: Callable[[], None]
+    _overrides_dirty: bool
+    _overrides_used: bool
     _trim: Callable[[_Bucket], None]
 
     def _recover(self) -> None:
@@ -85,6 +92,7 @@ class RecoveryMixin:
         loaded: list[tuple[BucketRecord, SnapshotMetadata, int, Any, Any]] = []
         damaged: list[tuple[QuarantineRecord, Any]] = []
         drop: list[str] = [r.snapshot_id for r in overlapping]
+        unfolded: list[tuple[Any, Any]] = []
         for record in records:
             sid_name = record.snapshot_id
             metadata: SnapshotMetadata | None = None
@@ -96,6 +104,8 @@ class RecoveryMixin:
                 found = metadata.first_live_segment(cutoff)
                 if found is None:
                     drop.append(sid_name)  # every index is due: the dispatcher delivers them
+                    if metadata.folded_cancels:  # its folded cancels go back to memory
+                        unfolded.append(metadata.folded_positions())
                     continue
                 first = found
                 live = _live_positions(metadata, first, sid_name)
@@ -161,5 +171,14 @@ class RecoveryMixin:
             for bucket in list(self._buckets.values()):
                 if bucket.end < mark[0]:
                     self._trim(bucket)
+        for ledgers, entries in unfolded:  # before the manifest's: a move there wins
+            core.restore_overrides(ledgers, entries, _NONE, _NONE, _NONE)
+            self._overrides_dirty = self._overrides_used = True  # the delete's commit notes
         self._restore_overrides()  # after the mark: it forgets the overrides it passes
+        for bucket in self._buckets.values():
+            if bucket.folded:  # an add there of an untracked position asks for them
+                core.evict_range(bucket.start, bucket.end, False)
+        # Over the bucket bound (a lower max_num_buckets, or a crash mid-merge): merge now, not
+        # only after the next seal.
+        self._maybe_merge()
         self._ops["recover"].record(True, started)

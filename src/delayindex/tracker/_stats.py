@@ -151,6 +151,8 @@ class StatsMixin:
             if "cancel_overrides" in out:  # those in the catalog's record only count too
                 out["cancel_overrides"] += self._evicted_count
                 out["cancel_overrides_evicted"] = self._evicted_count
+                folded = sum(b.folded for b in self._buckets.values())
+                out["cancel_overrides_folded"] = folded  # may overlap the others (harmless)
             return out
 
     def _problems(self) -> list[str]:

@@ -33,7 +33,7 @@ class TopicMixin:
     _load: Callable[[int, int], None]
     _after_take: Callable[[int], None]
     _submit_queued: Callable[[], None]
-    _restore_evicted: Callable[[], None]
+    _restore_evicted: Callable[[int | None], None]
     _overrides_dirty: bool
     _overrides_used: bool
 
@@ -67,7 +67,7 @@ class TopicMixin:
         with self._lock:
             self._check_open()
             if self._core.needs_restore(ledger, entry):
-                self._restore_evicted()
+                self._restore_evicted(ledger)
 
     def _count_upto(self, ledger: int, entry: int) -> int:
         """How many tracked positions are ``<= (ledger, entry)``."""

@@ -76,6 +76,7 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from delayindex import _impl, _registry
+from delayindex._cancelset import count_packed
 from delayindex._memory import release_free_memory
 from delayindex.clock import Clock
 from delayindex.config import TrackerConfig
@@ -194,6 +195,7 @@ class DelayIndex(
         self._overrides_used = False  # some were made (a mark may forget some: note again)
         self._noted_gen = -1  # the core's override_gen at the last note
         self._evicted_count = 0  # cancels evicted from the core, held by the catalog only
+        self._fold_pending: list[tuple[int, int]] = []  # merged ranges whose folds to note
         self._epoch = 0
         self._closed = False
         self._warnings = ProblemLog(f"delayindex {self._name}")  # once per distinct problem
@@ -301,6 +303,7 @@ class DelayIndex(
         bucket.mins = np.array(metadata.mins, dtype=np.int64)
         bucket.maxs = np.array(metadata.maxs, dtype=np.int64)
         bucket.bounds = np.cumsum(metadata.counts)
+        bucket.folded = count_packed(metadata.folded_cancels)
 
     def _queue(self, job: Callable[[], None]) -> None:
         """Queue a background job; it is submitted once the lock is released."""
@@ -397,7 +400,7 @@ class DelayIndex(
                 if stop >= len(ledgers):
                     break
                 if self._core.needs_restore(int(ledgers[stop]), int(entries[stop])):
-                    self._restore_evicted()
+                    self._restore_evicted(int(ledgers[stop]))
                 else:
                     self._seal()
                 start = stop
