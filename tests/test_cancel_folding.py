@@ -12,11 +12,12 @@ set that cannot be read. Each runs on both builds through ``DELAYINDEX_NO_EXTENS
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from delayindex import DelayIndex, ManualClock, MemoryStorage, TrackerConfig
+from delayindex import DelayIndex, FileStorage, ManualClock, MemoryStorage, TrackerConfig
 from delayindex.errors import SnapshotCorruptError
 from delayindex.executors import InlineExecutor
 
@@ -241,3 +242,39 @@ def test_folded_cancels_that_do_not_read_refuse_only_their_range(
         assert not any(index.contains(*pos) for pos in CANCELLED)
     finally:
         index.close()
+
+
+def test_a_damaged_folded_bucket_refuses_replayed_adds_in_its_range(tmp_path: Path) -> None:
+    """The manifest records how many cancels a bucket folded, so a damaged one is known to
+    hold cancels it cannot read: a replayed add of an untracked position in its ledgers raises
+    (it may be cancelled) until the operator releases the bucket."""
+    clock = ManualClock(T0)
+    with FileStorage(tmp_path / "store") as storage:
+        index = DelayIndex.open(storage, "fold", CONFIG, clock=clock, executor=InlineExecutor())
+        _add_ledgers(index, range(1, 4))
+        assert all(index.cancel(*pos) for pos in CANCELLED)
+        index.flush()
+        _add_ledgers(index, range(4, 7))
+        index.close()
+        (merged,) = [b for b in storage.read_manifest("fold").buckets if b.folded_cancels]
+        assert (merged.start_ledger, merged.end_ledger, merged.folded_cancels) == (1, 4, 3)
+        path = storage.object_path(merged.snapshot_id)
+    data = bytearray(path.read_bytes())
+    data[40] ^= 1  # the metadata entry: its checksum no longer matches
+    path.write_bytes(bytes(data))
+    with FileStorage(tmp_path / "store") as storage:
+        index = DelayIndex.open(storage, "fold", CONFIG, clock=clock, executor=InlineExecutor())
+        try:
+            (quarantine,) = index.quarantined()
+            assert (quarantine.start_ledger, quarantine.end_ledger) == (1, 4)
+            [record] = storage.read_manifest("fold").quarantined
+            assert record.folded_cancels == 3
+            with pytest.raises(SnapshotCorruptError):
+                index.add(1, 0, _due(1, 0))
+            assert not index.contains(1, 0)
+            assert index.add(5, 3, _due(5, 3)) and index.contains(5, 3)  # elsewhere: as usual
+            index.release_quarantined()
+            assert any("cancels folded into it are lost" in w for w in index.stats()["warnings"])
+            assert index.add(1, 0, _due(1, 0)) and index.contains(1, 0)  # the operator's call
+        finally:
+            index.close()

@@ -250,6 +250,12 @@ def check_drain(t: Template, damage: Damage, index: DelayIndex, clock: ManualClo
         f"{damage.label}: undamaged buckets stalled: {sorted(missing)[:5]}"
     )
     [info] = quarantined
+    for p in t.cancelled:  # a folded cancel it can no longer read: refused, or an error
+        try:
+            assert index.add(*p, FAR), f"{damage.label}: {p}"
+        except DelayIndexError:
+            continue
+        assert not index.contains(*p), f"{damage.label}: cancelled {p} is back"
     if info.positions_known:
         assert all(index.contains(*p) for p in missing), f"{damage.label}: positions dropped"
         assert len(index) == len(missing)

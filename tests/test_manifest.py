@@ -324,3 +324,19 @@ def test_bad_subscription_marks_are_refused(mark: Any) -> None:
         SubscriptionRecord("a", mark)
     with pytest.raises(TypeError):
         SubscriptionRecord("", None)
+
+
+def test_folded_cancel_counts_round_trip_and_are_absent_when_zero() -> None:
+    """A bucket record and a quarantine record carry ``folded_cancels`` only when a merge
+    folded some (so every older manifest encodes byte for byte as before)."""
+    from delayindex.storage.manifest import QuarantineRecord
+
+    plain = Manifest("orders").with_bucket(_record(0, 4, "a"))
+    assert b"folded_cancels" not in encode_manifest(plain)
+    folded = plain.with_bucket(replace(_record(5, 9, "b"), folded_cancels=7))
+    damaged = QuarantineRecord("c", 10, 12, 3, 1, "damaged", 5, folded_cancels=2)
+    m = replace(folded, quarantined=(damaged, QuarantineRecord("d", 13, 13, 1, 1, "x", 6)))
+    data = encode_manifest(m)
+    assert decode_manifest(data, WHERE) == m and data.count(b"folded_cancels") == 2
+    with pytest.raises(ValueError, match="folded_cancels"):
+        replace(_record(5, 9, "b"), folded_cancels=-1)

@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from delayindex._cancelset import count_packed
 from delayindex.errors import (
     CommitOutcomeUnknownError,
     ManifestConflictError,
@@ -167,6 +168,7 @@ class BatchMixin:
                         BucketRecord(
                             step.start_ledger, step.end_ledger, key,
                             metadata.num_messages, metadata.num_segments, size,
+                            count_packed(metadata.folded_cancels),
                         )
                     )  # fmt: skip
                 except (StorageError, SnapshotCorruptError, ValueError) as exc:

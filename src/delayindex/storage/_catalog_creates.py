@@ -41,6 +41,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 
+from delayindex._cancelset import count_packed
 from delayindex.errors import (
     CommitOutcomeUnknownError,
     ManifestConflictError,
@@ -254,6 +255,7 @@ class CreatesMixin:
         return BucketRecord(
             intent.start_ledger, intent.end_ledger, key,
             metadata.num_messages, metadata.num_segments, size,
+            count_packed(metadata.folded_cancels),
         )  # fmt: skip
 
     def _commit_live(self, intent: Intent, manifest: Manifest) -> None:

@@ -132,6 +132,9 @@ class BucketRecord:
     num_messages: int
     num_segments: int
     snapshot_bytes: int
+    #: Cancels a merge folded into the snapshot: if the object is ever found damaged, the
+    #: index knows its range may hold cancels it can no longer read (absent from JSON if 0).
+    folded_cancels: int = 0
 
     def __post_init__(self) -> None:
         _check_range(self.start_ledger, self.end_ledger, f"bucket {self.snapshot_id!r}")
@@ -139,6 +142,7 @@ class BucketRecord:
         _check_int(self.num_messages, "num_messages", 1)
         _check_int(self.num_segments, "num_segments", 1)
         _check_int(self.snapshot_bytes, "snapshot_bytes", 1)
+        _check_int(self.folded_cancels, "folded_cancels")
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,8 @@ class QuarantineRecord:
     reason: str
     found_ms: int
     state: str = "active"
+    #: The bucket record's ``folded_cancels`` (absent from JSON if 0).
+    folded_cancels: int = 0
 
     def __post_init__(self) -> None:
         validate_key(self.snapshot_id, "snapshot id")
@@ -208,6 +214,7 @@ class QuarantineRecord:
             raise TypeError(f"reason must be a str of at most {_MAX_REASON} characters")
         if self.state not in QUARANTINE_STATES:
             raise ValueError(f"unknown quarantine state {self.state!r}")
+        _check_int(self.folded_cancels, "folded_cancels")
 
     @property
     def active(self) -> bool:
@@ -437,7 +444,14 @@ def _record_json(record: BucketRecord) -> dict[str, Any]:
         "num_messages": record.num_messages,
         "num_segments": record.num_segments,
         "snapshot_bytes": record.snapshot_bytes,
-    }
+    } | ({"folded_cancels": record.folded_cancels} if record.folded_cancels else {})
+
+
+def _quarantine_json(record: QuarantineRecord) -> dict[str, Any]:
+    document = dataclasses.asdict(record)
+    if not record.folded_cancels:  # absent: older manifests stay byte-identical
+        del document["folded_cancels"]
+    return document
 
 
 def _intent_json(intent: Intent) -> dict[str, Any]:
@@ -467,7 +481,7 @@ def encode_manifest(manifest: Manifest) -> bytes:
     if manifest.writer_status is not None:  # likewise
         document["writer_status"] = dataclasses.asdict(manifest.writer_status)
     if manifest.quarantined:  # likewise
-        document["quarantined"] = [dataclasses.asdict(q) for q in manifest.quarantined]
+        document["quarantined"] = [_quarantine_json(q) for q in manifest.quarantined]
     if manifest.subscriptions:  # likewise
         document["subscriptions"] = [
             {"name": sub.name, "mark_delete": None if sub.mark_delete is None
@@ -482,14 +496,28 @@ def encode_manifest(manifest: Manifest) -> bytes:
     return head + _CRC.pack(mmh3.hash(head + payload, CHECKSUM_SEED, signed=False)) + payload
 
 
-def _fields(obj: object, keys: frozenset[str], what: str) -> dict[str, Any]:
-    if not isinstance(obj, dict) or set(obj) != keys:
+def _fields(
+    obj: object, keys: frozenset[str], what: str, optional: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    if not isinstance(obj, dict) or not keys - optional <= set(obj) <= keys:
         raise ValueError(f"{what} must be an object with exactly the keys {sorted(keys)}")
     return obj
 
 
+#: Keys written only when they are not 0.
+_FOLDED = frozenset(("folded_cancels",))
+
+
 _RECORD_KEYS = frozenset(
-    ("start_ledger", "end_ledger", "snapshot_id", "num_messages", "num_segments", "snapshot_bytes")
+    (
+        "start_ledger",
+        "end_ledger",
+        "snapshot_id",
+        "num_messages",
+        "num_segments",
+        "snapshot_bytes",
+        "folded_cancels",
+    )
 )
 _INTENT_KEYS = frozenset(
     (
@@ -573,7 +601,7 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
         if isinstance(document, dict) and "quarantined" in document:
             document = dict(document)
             quarantined = tuple(
-                QuarantineRecord(**_fields(q, _QUARANTINE_KEYS, "quarantine record"))
+                QuarantineRecord(**_fields(q, _QUARANTINE_KEYS, "quarantine record", _FOLDED))
                 for q in _list(document.pop("quarantined"), "quarantined")
             )
         subscriptions: tuple[SubscriptionRecord, ...] = ()
@@ -590,7 +618,7 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
         f = _fields(document, _MANIFEST_KEYS, "manifest")
         buckets = []
         for obj in _list(f["buckets"], "buckets"):
-            r = _fields(obj, _RECORD_KEYS, "bucket")
+            r = _fields(obj, _RECORD_KEYS, "bucket", _FOLDED)
             buckets.append(
                 BucketRecord(
                     start_ledger=r["start_ledger"],
@@ -599,6 +627,7 @@ def decode_manifest(data: bytes, where: str) -> Manifest:
                     num_messages=r["num_messages"],
                     num_segments=r["num_segments"],
                     snapshot_bytes=r["snapshot_bytes"],
+                    folded_cancels=r.get("folded_cancels", 0),
                 )
             )
         return Manifest(

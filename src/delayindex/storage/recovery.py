@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
+from delayindex._cancelset import count_packed
 from delayindex.errors import SnapshotCorruptError, SnapshotNotFoundError, StorageError
 from delayindex.snapshot.format import SnapshotMetadata
 from delayindex.storage.base import SnapshotStorage
@@ -302,6 +303,7 @@ def _reconcile(
             BucketRecord(
                 obj.start_ledger, obj.end_ledger, obj.id,
                 metadata.num_messages, metadata.num_segments, size,
+                count_packed(metadata.folded_cancels),
             )
         )  # fmt: skip
         adopted.append(obj.id)

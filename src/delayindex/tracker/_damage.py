@@ -181,6 +181,9 @@ class QuarantineMixin:
         bucket.current = record.first_segment - 1
         bucket.damage = record
         bucket.positions_known = live is not None
+        # Its folded cancels are unreadable: the range stays evicted, so a replayed add of an
+        # untracked position there raises instead of bringing back a cancelled message.
+        bucket.folded = record.folded_cancels
         self._core.add_range(record.start_ledger, record.end_ledger)
         self._warn_quarantined(record)
 
@@ -194,7 +197,7 @@ class QuarantineMixin:
         ) if len(bucket.bounds) else bucket.num_messages  # fmt: skip
         record = QuarantineRecord(
             bucket.snapshot_id, bucket.start, bucket.end, max(held, 0), first_segment,
-            damage_reason(exc), max(self._now(), 0),
+            damage_reason(exc), max(self._now(), 0), folded_cancels=bucket.folded,
         )  # fmt: skip
         bucket.state = "quarantined"
         bucket.damage = record
@@ -307,6 +310,12 @@ class QuarantineMixin:
                 ledgers, entries = self._core.tracked_in_range(bucket.start, bucket.end)
                 self._forget_quarantined(bucket, "released")
                 bucket.state = "released"
+                if bucket.folded:  # given up with the times: replayed adds there are taken
+                    self._warnings.append(
+                        f"bucket [{bucket.start}, {bucket.end}] released: the {bucket.folded} "
+                        "cancels folded into it are lost; a replayed add of one is tracked"
+                    )
+                    bucket.folded = 0
                 times = np.full(len(ledgers), now, dtype=np.int64)
                 self._core.set_source(bucket.sid, times, ledgers, entries, -1)
                 released += len(ledgers)

@@ -120,6 +120,7 @@ class RecoveryMixin:
                         QuarantineRecord(
                             sid_name, record.start_ledger, record.end_ledger, remaining,
                             first, damage_reason(exc), max(now, 0),
+                            folded_cancels=record.folded_cancels,
                         ),
                         live,
                     )
