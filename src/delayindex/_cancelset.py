@@ -68,16 +68,7 @@ def unpack_cancelled(packed: bytes) -> tuple[Int64Array, Int64Array]:
     (``ValueError`` for damage of any kind)."""
     if not packed:
         return _empty(), _empty()
-    try:
-        body = zstandard.ZstdDecompressor().decompress(packed, max_output_size=_MAX_UNPACKED)
-    except zstandard.ZstdError as exc:
-        raise ValueError(f"overrides: cancelled positions do not unpack ({exc})") from None
-    if len(body) < 4:
-        raise ValueError("overrides: packed cancels are truncated")
-    n = int(np.frombuffer(body, dtype="<u4", count=1)[0])
-    head = 4 + 12 * n
-    if n == 0 or len(body) < head or (len(body) - head) % 4:
-        raise ValueError("overrides: packed cancels have a bad size")
+    body, n, head = _frame(packed)
     ledgers = np.frombuffer(body, dtype="<i8", count=n, offset=4).astype(np.int64)
     counts = np.frombuffer(body, dtype="<u4", count=n, offset=4 + 8 * n).astype(np.int64)
     total = (len(body) - head) // 4
@@ -107,6 +98,13 @@ def count_packed(packed: bytes) -> int:
     not decoded); ``ValueError`` if it does not unpack."""
     if not packed:
         return 0
+    body, _, head = _frame(packed)
+    return (len(body) - head) // 4
+
+
+def _frame(packed: bytes) -> tuple[bytes, int, int]:
+    """A non-empty packed form's body, its ledger count and where its deltas start; the
+    frame and sizes checked (``ValueError``)."""
     try:
         body = zstandard.ZstdDecompressor().decompress(packed, max_output_size=_MAX_UNPACKED)
     except zstandard.ZstdError as exc:
@@ -114,9 +112,10 @@ def count_packed(packed: bytes) -> int:
     if len(body) < 4:
         raise ValueError("overrides: packed cancels are truncated")
     n = int(np.frombuffer(body, dtype="<u4", count=1)[0])
-    if len(body) < 4 + 12 * n:
+    head = 4 + 12 * n
+    if n == 0 or len(body) < head or (len(body) - head) % 4:
         raise ValueError("overrides: packed cancels have a bad size")
-    return (len(body) - 4 - 12 * n) // 4
+    return body, n, head
 
 
 def union_unique(

@@ -76,7 +76,6 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from delayindex import _impl, _registry
-from delayindex._cancelset import count_packed
 from delayindex._memory import release_free_memory
 from delayindex.clock import Clock
 from delayindex.config import TrackerConfig
@@ -303,7 +302,7 @@ class DelayIndex(
         bucket.mins = np.array(metadata.mins, dtype=np.int64)
         bucket.maxs = np.array(metadata.maxs, dtype=np.int64)
         bucket.bounds = np.cumsum(metadata.counts)
-        bucket.folded = count_packed(metadata.folded_cancels)
+        bucket.folded = record.folded_cancels  # counted when the record was made
 
     def _queue(self, job: Callable[[], None]) -> None:
         """Queue a background job; it is submitted once the lock is released."""
