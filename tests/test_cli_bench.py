@@ -94,21 +94,34 @@ def _work(n):
     return sum(range(n))
 
 
-@pytest.mark.parametrize("kind, n", [("heapq", 20000), ("delay_index", 2000)])
-def test_sum(benchmark, request, kind, n):
+@pytest.mark.parametrize("kind, n, group", {params})
+def test_sum(benchmark, request, kind, n, group):
     assert request.config.getoption("bench_tier") == "{tier}"
-    benchmark.group = "fake-1e3"
+    benchmark.group = group
     benchmark.extra_info.update(kind=kind, label=kind + " row")
     assert benchmark.pedantic(_work, args=(n,), rounds=2, iterations=1) == n * (n - 1) // 2
     {extra}
 """
 
 
-def _suite(tmp_path: Path, tier: str = "quick", extra: str = "") -> Path:
+_TWO = [("heapq", 20000, "fake-1e3"), ("delay_index", 2000, "fake-1e3")]
+#: With a second group: the machine factor (a median over the run's records) is then an
+#: unchanged record's, so a changed baseline of one structure is seen in full (with two records
+#: the median is their mean, which takes half of any change away).
+_THREE = [*_TWO, ("heapq", 30000, "fake-2e3")]
+
+
+def _suite(
+    tmp_path: Path,
+    tier: str = "quick",
+    extra: str = "",
+    params: list[tuple[str, int, str]] = _TWO,
+) -> Path:
     suite = tmp_path / "benchmarks"
     suite.mkdir()
     (suite / "conftest.py").write_text(_CONFTEST, encoding="utf-8")
-    (suite / "test_fake.py").write_text(_BENCH.format(tier=tier, extra=extra), encoding="utf-8")
+    text = _BENCH.format(tier=tier, extra=extra, params=repr(params))
+    (suite / "test_fake.py").write_text(text, encoding="utf-8")
     for module in ("gate.py", "gate_confirm.py"):
         shutil.copy(REPO / "benchmarks" / module, suite / module)
     return suite
@@ -152,7 +165,7 @@ def test_a_failing_benchmark_exits_1(tmp_path: Path) -> None:
 def test_gate_gates_the_run_and_confirms_a_failure(tmp_path: Path, scale: float, code: int) -> None:
     """``--gate`` after the run: against a baseline 100x slower it passes; against one 100x
     faster it fails, after running the offender again (a real rerun, in a fresh process)."""
-    suite = _suite(tmp_path)
+    suite = _suite(tmp_path, params=_THREE)
     first = _bench(suite, "--json-out", "first.json")
     assert first.returncode == EXIT_OK, first.stdout + first.stderr
     data = json.loads((tmp_path / "first.json").read_text(encoding="utf-8"))
