@@ -46,6 +46,11 @@ CORE_IMPLS: dict[str, Callable[[], Any]] = {
     "pure": lambda: _impl.PureTrackerCore,
 }
 
+BIN_IMPLS: dict[str, Callable[[], Any]] = {
+    "native": lambda: _native("BinIndex"),
+    "pure": lambda: _impl.PureBinIndex,
+}
+
 
 @pytest.fixture(params=sorted(HEAP_IMPLS))
 def heap_cls(request: pytest.FixtureRequest) -> Any:
@@ -57,6 +62,12 @@ def heap_cls(request: pytest.FixtureRequest) -> Any:
 def core_cls(request: pytest.FixtureRequest) -> Any:
     """Each TrackerCore implementation in turn."""
     return CORE_IMPLS[request.param]()
+
+
+@pytest.fixture(params=sorted(BIN_IMPLS))
+def bin_cls(request: pytest.FixtureRequest) -> Any:
+    """Each BinIndex implementation in turn."""
+    return BIN_IMPLS[request.param]()
 
 
 @pytest.fixture

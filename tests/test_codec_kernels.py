@@ -689,6 +689,34 @@ def test_unpack_segment_times_checks_every_entry(
     _rejected("unpack_segment_times", *shifted)
 
 
+@given(_snapshots(), st.data())
+def test_unpack_segment_times_of_scattered_entries(
+    snap: tuple[SnapshotMetadata, list[Segment], list[bytes]], data: st.DataObject
+) -> None:
+    """With ``indexes``, any entries in any order: each checked against its own index."""
+    metadata, segments, entries = snap
+    n = metadata.num_segments
+    picks = data.draw(st.lists(st.integers(1, n), min_size=1, max_size=2 * n))
+    chosen = np.array(picks, dtype=np.int64)
+    args = [
+        b"".join(entries[k] for k in picks),
+        np.array([len(entries[k]) for k in picks], dtype=np.int64),
+        0,
+        metadata.mins[chosen - 1],
+        metadata.maxs[chosen - 1] - metadata.mins[chosen - 1],
+        metadata.counts[chosen - 1],
+        chosen,
+    ]
+    times = _ok("unpack_segment_times", *args)
+    want = [sorted(segments[k - 1].times.tolist()) for k in picks]
+    assert _sorted_per_segment(times, args[5]) == want
+    # An entry checked against another index fails its checksum; a short index column too.
+    wrong = chosen.copy()
+    wrong[data.draw(st.integers(0, len(picks) - 1))] += data.draw(st.sampled_from([-1, 1, n]))
+    _rejected("unpack_segment_times", *args[:6], wrong)
+    _rejected("unpack_segment_times", *args[:6], chosen[:-1])
+
+
 @given(
     _snapshots(),
     st.sampled_from(sorted(m for m, (pos, _) in _ARG_MUTATIONS.items() if 0 <= pos < 6)),

@@ -756,22 +756,27 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
 def unpack_segment_times(const uint8_t[::1] buffer not None,
                          const int64_t[:] entry_lengths not None, int64_t first_index,
                          const int64_t[:] mins not None, const int64_t[:] spans not None,
-                         const int64_t[:] counts not None):
-    """Verify consecutive framed segment entries and unpack their deliver times only (in each
-    segment's position order, segment after segment), without the metadata's bitmaps: the
-    checks of ``decode_segments`` that do not involve positions. A histogram of a bucket whose
-    stored positions are all tracked needs nothing else."""
+                         const int64_t[:] counts not None, const int64_t[:] indexes=None):
+    """Verify framed segment entries and unpack their deliver times only (in each segment's
+    position order, segment after segment), without the metadata's bitmaps: the checks of
+    ``decode_segments`` that do not involve positions. A histogram of a bucket whose stored
+    positions are all tracked needs nothing else. Entry ``s`` is the object's entry
+    ``first_index + s``, or ``indexes[s]`` when given (entries need not be consecutive)."""
     cdef Py_ssize_t n_seg = entry_lengths.shape[0], s, j, total = 0, pos = 0, start = 0, n, elen
     cdef int bits
     cdef const uint8_t* payload
     cdef uint64_t key, low, high
+    cdef int64_t index
     if not (mins.shape[0] == spans.shape[0] == counts.shape[0] == n_seg):
         raise ValueError("per-segment inputs differ in length")
+    if indexes is not None and indexes.shape[0] != n_seg:
+        raise ValueError("one index per entry")
     for s in range(n_seg):
+        index = first_index + s if indexes is None else indexes[s]
         if counts[s] < 1 or spans[s] < 0:
             raise ValueError(f"segment {s}: bad count or span")
         if entry_lengths[s] < 5:
-            raise ValueError(f"entry {first_index + s}: truncated")
+            raise ValueError(f"entry {index}: truncated")
         total += counts[s]
         pos += entry_lengths[s]
     if pos != buffer.shape[0]:
@@ -781,7 +786,8 @@ def unpack_segment_times(const uint8_t[::1] buffer not None,
     pos = 0
     for s in range(n_seg):
         elen = entry_lengths[s]
-        payload = checked_payload(buffer, pos, elen, first_index + s, counts[s], spans[s], s)
+        index = first_index + s if indexes is None else indexes[s]
+        payload = checked_payload(buffer, pos, elen, index, counts[s], spans[s], s)
         pos += elen
         n = counts[s]
         bits = bit_length(<uint64_t> spans[s])

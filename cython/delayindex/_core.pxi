@@ -398,30 +398,20 @@ cdef class TrackerCore:
     def due_histogram(self, const int64_t[:] edges not None):
         """Tracked positions per ``[edges[i], edges[i+1])`` (``edges`` strictly increasing,
         checked by the caller); an int64 array of ``len(edges) - 1`` counts."""
-        cdef Py_ssize_t nb = edges.shape[0] - 1, i, lo, hi, mid
-        cdef int64_t t
+        cdef Py_ssize_t nb = edges.shape[0] - 1, i, b
         cdef Triple* data = self.heap.data
-        counts = np.zeros(nb if nb > 0 else 0, dtype=np.int64)
         if nb <= 0:
-            return counts
-        cdef int64_t[::1] c = counts
+            return np.zeros(0, dtype=np.int64)
         if self.dead:  # twin nodes may exist: count distinct live positions
-            from delayindex._browse import bin_counts
-            return bin_counts(np.asarray(edges), self.live_keys(edges[0], edges[nb] - 1)[0])
+            return BinIndex(edges).counts(self.live_keys(edges[0], edges[nb] - 1)[0])
+        cdef BinIndex bins = BinIndex(edges)
+        counts = np.zeros(nb, dtype=np.int64)
+        cdef int64_t[::1] c = counts
+        cdef bint all_live = not self.stale
         for i in range(self.heap.n):
-            t = data[i].time
-            if t < edges[0] or t >= edges[nb]:
-                continue
-            lo = 0
-            hi = nb
-            while hi - lo > 1:  # the last edge <= t
-                mid = (lo + hi) >> 1
-                if edges[mid] <= t:
-                    lo = mid
-                else:
-                    hi = mid
-            if self.live(t, data[i].ledger, data[i].entry):
-                c[lo] += 1
+            b = bins.find(data[i].time)
+            if b >= 0 and (all_live or self.live(data[i].time, data[i].ledger, data[i].entry)):
+                c[b] += 1
         return counts
 
     def should_pause(self, now) -> bool:

@@ -261,6 +261,7 @@ cdef inline int check_ids(int64_t ledger, int64_t entry) except -1:
 
 include "_heap.pxi"
 include "_index.pxi"
+include "_bins.pxi"
 include "_core.pxi"
 include "_codec.pxi"
 include "_bucket.pxi"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from delayindex import _impl
 from delayindex._ints import as_count, int64_array
 from delayindex.model import MAX_TIME, MIN_TIME, Position
 
@@ -84,5 +85,4 @@ def select_pending(
 
 def bin_counts(bins: Int64Array, times: Int64Array) -> Int64Array:
     """How many of ``times`` (all within ``[bins[0], bins[-1])``) fall in each bin."""
-    index = np.searchsorted(bins, times, side="right") - 1
-    return np.bincount(index, minlength=len(bins) - 1).astype(np.int64)
+    return _impl.BinIndex(bins).counts(times)

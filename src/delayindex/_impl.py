@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from delayindex import clock as _pure_clock
+from delayindex._pure import bins as _pure_bins
 from delayindex._pure import bucket as _pure_bucket
 from delayindex._pure import codec as _pure_codec
 from delayindex._pure import core as _pure_core
@@ -31,6 +32,7 @@ from delayindex._pure import index as _pure_index
 _FORCED_PURE = os.environ.get("DELAYINDEX_NO_EXTENSIONS", "") not in ("", "0")
 
 PureTripleHeap = _pure_heap.TripleHeap
+PureBinIndex = _pure_bins.BinIndex
 PureTrackerCore = _pure_core.TrackerCore
 PureBucketCore = _pure_bucket.BucketCore
 PureLedgerIndex = _pure_index.LedgerIndex
@@ -81,6 +83,7 @@ def _load() -> tuple[ModuleType | None, str]:
 
 
 if TYPE_CHECKING:
+    from delayindex._pure.bins import BinIndex
     from delayindex._pure.bucket import BucketCore
     from delayindex._pure.codec import (
         build_segments,
@@ -107,6 +110,7 @@ else:
     NATIVE = _module is not None
     if _module is not None:
         TripleHeap = _module.TripleHeap
+        BinIndex = _module.BinIndex
         TrackerCore = _module.TrackerCore
         BucketCore = _module.BucketCore
         LedgerIndex = _module.LedgerIndex
@@ -116,6 +120,7 @@ else:
         _kernels = _module
     else:
         TripleHeap, TrackerCore = PureTripleHeap, PureTrackerCore
+        BinIndex = PureBinIndex
         BucketCore = PureBucketCore
         LedgerIndex = PureLedgerIndex
         Front = PureFront
@@ -139,11 +144,13 @@ IMPLEMENTATION = "native" if NATIVE else "pure"
 
 __all__ = [
     "BUILD",
+    "BinIndex",
     "CODEC_KERNELS",
     "IMPLEMENTATION",
     "BucketCore",
     "Front",
     "LedgerIndex",
+    "PureBinIndex",
     "PureBucketCore",
     "PureFront",
     "PureLedgerIndex",

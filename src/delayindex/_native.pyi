@@ -174,6 +174,10 @@ class LedgerIndex:
     def memory_bytes(self) -> int: ...
     def _check(self) -> None: ...
 
+class BinIndex:
+    def __init__(self, edges: _I64) -> None: ...
+    def counts(self, times: _I64) -> _I64: ...
+
 class Front:
     arming: Any
     seal: Callable[[], object] | None
@@ -220,7 +224,13 @@ def decode_segments(
     slots: _I64 | None = ...,
 ) -> tuple[_I64, _I64, _I64, _I64]: ...
 def unpack_segment_times(
-    buffer: _Bytes, entry_lengths: _I64, first_index: int, mins: _I64, spans: _I64, counts: _I64
+    buffer: _Bytes,
+    entry_lengths: _I64,
+    first_index: int,
+    mins: _I64,
+    spans: _I64,
+    counts: _I64,
+    indexes: _I64 | None = ...,
 ) -> _I64: ...
 def build_segments(
     times: _I64, ledgers: _I64, entries: _I64, max_time_step_ms: int, max_indexes_per_segment: int

@@ -229,15 +229,19 @@ def unpack_segment_times(
     mins: Int64Array,
     spans: Int64Array,
     counts: Int64Array,
+    indexes: Int64Array | None = None,
 ) -> Int64Array:
-    """Verify consecutive framed segment entries and unpack their deliver times only (in each
-    segment's position order, segment after segment), without the metadata's bitmaps: the
-    checks of :func:`decode_segments` that do not involve positions."""
+    """Verify framed segment entries and unpack their deliver times only (in each segment's
+    position order, segment after segment), without the metadata's bitmaps: the checks of
+    :func:`decode_segments` that do not involve positions. Entry ``s`` is the object's entry
+    ``first_index + s``, or ``indexes[s]`` when given (entries need not be consecutive)."""
     if not len(mins) == len(spans) == len(counts) == len(entry_lengths):
         raise ValueError("per-segment inputs differ in length")
+    if indexes is not None and len(indexes) != len(entry_lengths):
+        raise ValueError("one index per entry")
     out = [
         _segment_keys(payload, int(counts[s]), int(spans[s]), s).astype(np.int64) + int(mins[s])
-        for s, payload in _payloads(buffer, entry_lengths, first_index, counts, spans)
+        for s, payload in _payloads(buffer, entry_lengths, first_index, counts, spans, indexes)
     ]
     return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
 
@@ -248,9 +252,11 @@ def _payloads(
     first_index: int,
     counts: Int64Array,
     spans: Int64Array,
+    indexes: Int64Array | None = None,
 ) -> Iterator[tuple[int, bytes]]:
     """Each segment's packed times, its entry checked (framing, checksum seeded with its
-    object entry index, flags, payload length): ``(segment, payload)`` in order."""
+    object entry index: ``first_index + s`` or ``indexes[s]``, flags, payload length):
+    ``(segment, payload)`` in order."""
     if any(int(c) < 1 for c in counts) or any(int(x) < 0 for x in spans):
         raise ValueError("bad count or span")
     if any(int(x) < 5 for x in entry_lengths):
@@ -262,10 +268,11 @@ def _payloads(
         entry = bytes(buffer[pos : pos + int(entry_lengths[s])])
         pos += len(entry)
         (stored,) = struct.unpack_from("<I", entry, len(entry) - 4)
-        if murmur3_32(entry[:-4], first_index + s) != stored:
-            raise ValueError(f"entry {first_index + s}: checksum mismatch")
+        index = first_index + s if indexes is None else int(indexes[s])
+        if murmur3_32(entry[:-4], index) != stored:
+            raise ValueError(f"entry {index}: checksum mismatch")
         if entry[0] != 0:
-            raise ValueError(f"entry {first_index + s}: unknown flags {entry[0]:#x}")
+            raise ValueError(f"entry {index}: unknown flags {entry[0]:#x}")
         payload = entry[1:-4]
         if len(payload) != (int(counts[s]) * _bit_length(int(spans[s])) + 7) // 8:
             raise ValueError(f"segment {s}: packed times have the wrong length")

@@ -26,10 +26,10 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
-from delayindex._browse import bin_counts
 from delayindex._lateness import Lateness
 from delayindex._pure._ints import as_i64, check_ids
 from delayindex._pure._ticked import TickedCore
+from delayindex._pure.bins import BinIndex
 from delayindex._pure.heap import TripleHeap, _int64_column, position_columns
 from delayindex._pure.index import LedgerIndex
 from delayindex.model import ADD_CANCELLED, MAX_ENTRY_ID, Position
@@ -305,7 +305,8 @@ class TrackerCore(TickedCore):
         nb = len(edges_arr) - 1
         if nb <= 0:
             return np.zeros(0, dtype=np.int64)
-        return bin_counts(edges_arr, self.live_keys(int(edges_arr[0]), int(edges_arr[-1]) - 1)[0])
+        times = self.live_keys(int(edges_arr[0]), int(edges_arr[-1]) - 1)[0]
+        return BinIndex(edges_arr).counts(times)
 
     def has_due(self, now: int) -> bool:
         """Whether some tracked position is due at ``now``."""

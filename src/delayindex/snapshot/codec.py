@@ -105,6 +105,12 @@ class ObjectHeader:
         """Bytes of entries ``first..last`` (inclusive)."""
         return int(self._offsets[last + 1] - self._offsets[first])
 
+    def extents(self, firsts: Int64Array, lasts: Int64Array) -> tuple[Int64Array, Int64Array]:
+        """Byte offset and length of each run of entries ``firsts[i]..lasts[i]`` (inclusive,
+        in range)."""
+        offsets = self._offsets
+        return offsets[firsts], offsets[lasts + 1] - offsets[firsts]
+
 
 # -- varints ------------------------------------------------------------------------------------
 
@@ -521,30 +527,33 @@ def decode_segments(
 
 
 def decode_segment_times(
-    entries: Sequence[bytes],
-    first: int,
+    buffer: bytes,
+    lengths: Int64Array,
+    indexes: Int64Array,
     mins: Int64Array,
     maxs: Int64Array,
     counts: Int64Array,
     name: str,
 ) -> Int64Array:
-    """The deliver times of framed segment entries ``first, first+1, ...``, each checked and
-    unpacked with its segment's ``mins``/``maxs``/``counts`` (aligned with ``entries``: the
-    metadata's columns, as a bucket keeps them) and without the metadata's bitmaps. In each
-    segment's position order; positions are not decoded."""
-    if not len(mins) == len(maxs) == len(counts) == len(entries):
-        raise ValueError("one min, max and count per entry")
-    if not entries:
+    """The deliver times of the framed segment entries in ``buffer`` (``lengths`` bytes each;
+    object entry ``indexes``, not necessarily consecutive), each checked and
+    unpacked with its segment's ``mins``/``maxs``/``counts`` (aligned with the entries) and
+    without the metadata's bitmaps. In each segment's position order; positions are not
+    decoded."""
+    if not len(mins) == len(maxs) == len(counts) == len(lengths) == len(indexes):
+        raise ValueError("one min, max, count and index per entry")
+    if not len(lengths):
         return np.empty(0, dtype=np.int64)
     lows = np.asarray(mins, dtype=np.int64)
     try:
         return _impl.unpack_segment_times(
-            b"".join(entries),
-            np.array([len(e) for e in entries], dtype=np.int64),
-            first,
+            buffer,
+            np.asarray(lengths, dtype=np.int64),
+            0,
             lows,
             np.asarray(maxs, dtype=np.int64) - lows,
             np.asarray(counts, dtype=np.int64),
+            np.asarray(indexes, dtype=np.int64),
         )
     except ValueError as exc:
         raise SnapshotCorruptError(f"{name}: {exc}") from None

@@ -223,7 +223,6 @@ class ObjectsMixin(RawStorage):
             raise ValueError("mins, maxs and counts differ in length")
 
         def attempt(_: int) -> Int64Array:
-            parts = []
             with self._raw_source(snapshot_id) as src:
                 header = self._header(src)
                 if header.num_segments != len(columns[0]):
@@ -231,15 +230,22 @@ class ObjectsMixin(RawStorage):
                         f"{src.where}: {header.num_segments} segment entries, the bucket "
                         f"lists {len(columns[0])}"
                     )
-                for first, last in runs:
-                    stop = min(last, header.num_segments)
-                    if first > stop:
-                        continue
-                    entries = self._read_entries(src, header, first, stop)
-                    a, b = first - 1, stop
-                    low, high, count = (c[a:b] for c in columns)
-                    parts.append(decode_segment_times(entries, first, low, high, count, src.where))
-            return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+                # One read per run, one decode for all of them.
+                firsts, lasts, segments = _run_segments(runs, header.num_segments)
+                if not len(segments):
+                    return np.empty(0, dtype=np.int64)
+                offsets, sizes = header.extents(firsts, lasts)
+                blobs = []
+                for offset, size in zip(offsets.tolist(), sizes.tolist(), strict=True):
+                    blob = src.read(offset, size)
+                    if len(blob) != size:
+                        raise SnapshotCorruptError(f"{src.where}: short read of segment entries")
+                    blobs.append(blob)
+                low, high, count = (c[segments - 1] for c in columns)
+                return decode_segment_times(
+                    b"".join(blobs), header.extents(segments, segments)[1], segments,
+                    low, high, count, src.where,
+                )  # fmt: skip
 
         return self._retry("get_segments", snapshot_id, attempt)
 
@@ -279,7 +285,24 @@ def _columns(decoded: Sequence[Segment]) -> tuple[Int64Array, Int64Array, Int64A
 def _check_runs(runs: Sequence[tuple[int, int]]) -> None:
     """Every ``(first, last)`` segment range valid (1-based, inclusive), before any I/O."""
     for first, last in runs:
+        if type(first) is int and type(last) is int and 1 <= first <= last:
+            continue  # the common case, checked without calls
         _check_int(first, "first")
         _check_int(last, "last")
         if first < 1 or last < first:
             raise ValueError(f"bad segment range {first}..{last} (1-based, inclusive)")
+
+
+def _run_segments(
+    runs: Sequence[tuple[int, int]], num_segments: int
+) -> tuple[Int64Array, Int64Array, Int64Array]:
+    """Runs of 1-based segments ``(a, b)`` clipped to ``num_segments`` (empty ones dropped):
+    their firsts and lasts, and every segment they hold, in order."""
+    pairs = np.array(runs, dtype=np.int64).reshape(-1, 2)
+    firsts, lasts = pairs[:, 0], np.minimum(pairs[:, 1], num_segments)
+    keep = firsts <= lasts
+    firsts, lasts = firsts[keep], lasts[keep]
+    sizes = lasts - firsts + 1
+    starts = np.cumsum(sizes) - sizes
+    segments = np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(firsts - starts, sizes)
+    return firsts, lasts, segments

@@ -288,7 +288,10 @@ class FileStorage(BaseStorage):
             st = os.fstat(fd)
 
             def read(offset: int, length: int) -> bytes:
-                chunks, got = [], 0
+                first = os.pread(fd, length, offset)
+                if len(first) == length or not first:  # whole, or at the end of the file
+                    return first
+                chunks, got = [first], len(first)
                 while got < length:
                     chunk = os.pread(fd, length - got, offset + got)
                     if not chunk:
