@@ -86,11 +86,7 @@ class ObjectHeader:
     def _offsets(self) -> npt.NDArray[np.int64]:
         # Byte offset of each entry and of the end, computed once (reads look it up; a header
         # may stay cached with its object's metadata, so int64s rather than Python ints).
-        offsets = np.empty(len(self.entry_lengths) + 1, dtype=np.int64)
-        offsets[0] = self.header_bytes
-        np.cumsum(np.asarray(self.entry_lengths, dtype=np.int64), out=offsets[1:])
-        offsets[1:] += self.header_bytes
-        return offsets
+        return _entry_offsets(np.asarray(self.entry_lengths, dtype=np.int64), self.header_bytes)
 
     @property
     def total_bytes(self) -> int:
@@ -319,7 +315,19 @@ def read_header(data: bytes, name: str) -> ObjectHeader:
         raise SnapshotCorruptError(f"{name}: malformed entry table") from None
     if pos != len(head) or count < 2 or np.any(lengths < 1 + _CRC.size):
         raise SnapshotCorruptError(f"{name}: malformed entry table")
-    return ObjectHeader(OBJECT_VERSION, tuple(lengths.tolist()), needed)
+    header = ObjectHeader(OBJECT_VERSION, tuple(lengths.tolist()), needed)
+    # The offsets from the parsed array (the cached property would convert the tuple back).
+    header.__dict__["_offsets"] = _entry_offsets(lengths, needed)
+    return header
+
+
+def _entry_offsets(lengths: npt.NDArray[np.int64], header_bytes: int) -> npt.NDArray[np.int64]:
+    """Byte offset of each entry and of the object's end."""
+    offsets = np.empty(len(lengths) + 1, dtype=np.int64)
+    offsets[0] = header_bytes
+    np.cumsum(lengths, out=offsets[1:])
+    offsets[1:] += header_bytes
+    return offsets
 
 
 def split_object(data: bytes, name: str) -> tuple[ObjectHeader, list[bytes]]:
