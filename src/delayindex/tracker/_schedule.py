@@ -101,7 +101,7 @@ class ScheduleMixin:
                         return _empty(), _no_counts(bins)
                     plan = self._plan(first, last, bins)
                 rows = [
-                    self._read(bucket, runs, plan.clean.get(bucket.sid))
+                    _within(first, last, *self._read(bucket, runs, plan.clean.get(bucket.sid)))
                     for bucket, runs in plan.runs_per_bucket()
                 ]
                 with self._lock if not locked else nullcontext():
@@ -109,18 +109,22 @@ class ScheduleMixin:
                         return _empty(), _no_counts(bins)
                     if self._state(bins)[2] != plan.signature:
                         continue  # loaded, merged, dropped or changed meanwhile: plan again
+                    # Only the membership test needs the lock; a histogram keeps times alone.
                     parts = [self._core.live_keys(first, last)]
                     for times, ledgers, entries in rows:
-                        keep = (times >= first) & (times <= last)
                         if ledgers is _NO_POSITIONS:  # a clean bucket: every copy is tracked
-                            t = times[keep]
-                            parts.append((t, np.zeros_like(t), np.zeros_like(t)))
+                            parts.append((times, ledgers, entries))
                             continue
-                        t, lg, en = times[keep], ledgers[keep], entries[keep]
-                        live = self._core.authoritative_mask(lg, en)
-                        parts.append((t[live], lg[live], en[live]))
-                    keys = tuple(np.concatenate(c) for c in zip(*parts, strict=True))
-                    return keys, plan.whole  # type: ignore[return-value]
+                        live = self._core.authoritative_mask(ledgers, entries)
+                        if bins is None:
+                            parts.append((times[live], ledgers[live], entries[live]))
+                        else:
+                            parts.append((times[live], _NO_POSITIONS, _NO_POSITIONS))
+                if bins is not None:
+                    times = np.concatenate([part[0] for part in parts])
+                    return (times, _NO_POSITIONS, _NO_POSITIONS), plan.whole
+                keys = tuple(np.concatenate(c) for c in zip(*parts, strict=True))
+                return keys, plan.whole  # type: ignore[return-value]
             finally:
                 if locked:
                     self._lock.release()
@@ -256,6 +260,18 @@ class _Plan:
 
 #: The positions of a times-only read (never indexed: the histogram uses the times alone).
 _NO_POSITIONS: Int64Array = np.empty(0, dtype=np.int64)
+
+
+def _within(
+    first: int, last: int, times: Int64Array, ledgers: Int64Array, entries: Int64Array
+) -> Keys:
+    """The rows with ``first <= time <= last`` (times-only rows keep :data:`_NO_POSITIONS`)."""
+    if not len(times) or (int(times.min()) >= first and int(times.max()) <= last):
+        return times, ledgers, entries
+    keep = (times >= first) & (times <= last)
+    if ledgers is _NO_POSITIONS:
+        return times[keep], ledgers, entries
+    return times[keep], ledgers[keep], entries[keep]
 
 
 def _no_counts(bins: Int64Array | None) -> Int64Array:
