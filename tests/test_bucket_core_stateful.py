@@ -60,8 +60,12 @@ class BucketCoreMachine(RuleBasedStateMachine):
         strict=st.booleans(),
         lookahead=st.integers(0, 3),
         min_count=st.integers(1, 4),
+        restore_whole=st.booleans(),
     )
-    def build(self, tick: int, strict: bool, lookahead: int, min_count: int) -> None:
+    def build(
+        self, tick: int, strict: bool, lookahead: int, min_count: int, restore_whole: bool
+    ) -> None:
+        self.restore_whole = restore_whole  # else one span at a time, as the driver does
         self.cores = [
             native_module.BucketCore(tick, strict, lookahead, min_count),
             _impl.PureBucketCore(tick, strict, lookahead, min_count),
@@ -142,16 +146,29 @@ class BucketCoreMachine(RuleBasedStateMachine):
         assert (code == ADD_NEED_OVERRIDES) == expected, (pos, code)
         if code != ADD_NEED_OVERRIDES:
             return False
-        event("evicted cancels restored")
         # A stale folded cancel of a position rescheduled since comes back too: skipped.
         stale = {p for p in self.moved if p > self.mark and self._in_evicted_range(p[0])}
         if stale:
             event("a stale folded cancel is skipped")
         ordered = sorted(self.evicted | stale)
         ls, es = (np.array([p[i] for p in ordered], dtype=np.int64) for i in (0, 1))
-        assert self._both("restore_evicted", ls, es) == len(self.evicted)
-        assert self._both("evicted_ranges") == []
-        self.evicted.clear()
+        if self.restore_whole:
+            event("evicted cancels restored")
+            assert self._both("restore_evicted", ls, es) == len(self.evicted)
+            assert self._both("evicted_ranges") == []
+            self.evicted.clear()
+            return True
+        # The driver's way: only the span of the add's ledger (here its evicted range, cut
+        # down to the ledger and one neighbour each side); the rest stays evicted.
+        start, end = next((a, b) for a, b in self._both("evicted_ranges") if a <= pos[0] <= b)
+        start, end = max(start, pos[0] - 1), min(end, pos[0] + 1)
+        before = {x for a, b in self._both("evicted_ranges") for x in range(a, b + 1)}
+        back = {p for p in self.evicted if start <= p[0] <= end}
+        assert self._both("restore_evicted", ls, es, start, end) == len(back)
+        after = {x for a, b in self._both("evicted_ranges") for x in range(a, b + 1)}
+        assert after == before - set(range(start, end + 1))
+        event("evicted cancels of one span restored" + (" (others stay)" if after else ""))
+        self.evicted -= back
         return True
 
     @rule()

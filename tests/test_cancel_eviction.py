@@ -58,8 +58,15 @@ def test_flush_evicts_sealed_cancels_and_a_replay_still_meets_them() -> None:
         assert stats["cancel_overrides"] == 4 and stats["cancel_overrides_evicted"] == 3
         assert _in_core(index) == 1 and stats["evicted_cancel_ranges"] >= 1
         index._core._check()
-        # The replay: a cancelled position comes back refused (True: do not deliver).
+        # The replay: a cancelled position comes back refused (True: do not deliver). Only
+        # its bucket's cancels come back (ledger 1's two); ledger 3's stays evicted.
+        assert [b.start_ledger for b in index.buckets()][:4] == [1, 2, 3, 4]
         assert index.add(1, 0, T0 + 100) is True and not index.contains(1, 0)
+        assert index.stats()["cancel_overrides_evicted"] == 1 and _in_core(index) == 3
+        assert index.stats()["cancel_overrides"] == 4
+        assert index._core.evicted_mask([1, 2, 3, 4]).tolist() == [False, False, True, False]
+        index._core._check()
+        assert index.add(3, 1, T0 + 301) is True and not index.contains(3, 1)
         assert index.stats()["cancel_overrides_evicted"] == 0 and _in_core(index) == 4
         assert index.stats()["cancel_overrides"] == 4
         index._core._check()

@@ -35,12 +35,37 @@ def test_ranges_cover_exactly_the_ledgers_added_and_not_dropped(
     assert ranges.max == (max(kept) if kept else -1)
 
 
+@given(
+    steps=st.lists(
+        st.tuples(st.booleans(), st.integers(0, 60), st.integers(0, 8)), min_size=1, max_size=16
+    )
+)
+def test_ranges_cover_what_was_added_less_what_was_removed(
+    steps: list[tuple[bool, int, int]],
+) -> None:
+    ranges, model = LedgerRanges(), set()
+    probe = np.arange(0, 75, dtype=np.int64)
+    for adding, start, width in steps:
+        covered = set(range(start, start + width + 1))
+        if adding:
+            ranges.add(start, start + width)
+            model |= covered
+        else:
+            ranges.remove(start, start + width)
+            model -= covered
+        ranges._check()
+        assert ranges.mask(probe).tolist() == [int(x) in model for x in probe]
+        assert ranges.max == (max(model) if model else -1)
+
+
 def test_bad_ranges_and_values() -> None:
     ranges = LedgerRanges()
     with pytest.raises(ValueError):
         ranges.add(5, 4)
     with pytest.raises(ValueError):
         ranges.add(-1, 3)
+    with pytest.raises(ValueError):
+        ranges.remove(5, 4)
     ranges.add(3, 4)
     assert "3" not in ranges and 3.0 not in ranges and 3 in ranges
     ranges.add(5, 9)  # touching ranges merge

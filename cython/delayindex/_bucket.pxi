@@ -29,7 +29,8 @@
 # mark passes them) and remembers those ranges in ``evicted`` (a LedgerRanges). Only a replayed
 # or non-monotonic add reaches a sealed range, so an add of an *untracked* position whose ledger
 # is evicted, or any reschedule there, answers 6 (ADD_NEED_OVERRIDES) with nothing done: the
-# driver hands the cancels back (``restore_evicted``) and calls again. ``override_gen`` counts
+# driver hands back the cancels of a span holding the ledger (``restore_evicted``, which
+# un-evicts that span only) and calls again. ``override_gen`` counts
 # the changes of the override set (monotonic across ``clear``): the driver evicts only when it
 # equals the one its committed note saw, so a cancel made meanwhile is never dropped.
 #
@@ -494,28 +495,32 @@ cdef class BucketCore:
         self.evicted_max = self.evicted.max
         return removed
 
-    def restore_evicted(self, ledgers, entries) -> int:
-        """Take back the evicted cancels (the driver's durable record, ascending, as two int64
-        arrays; positions outside the evicted ranges or at or below the mark are skipped, and
-        so are rescheduled ones: a move is newer than a cancel folded before it); returns how
-        many came back. Nothing is evicted afterwards."""
+    def restore_evicted(self, ledgers, entries, int64_t start=0,
+                        int64_t end=0x7FFFFFFFFFFFFFFF) -> int:
+        """Take back the evicted cancels of ledgers ``start..end`` (default: all of them) from
+        the driver's durable record (ascending, as two int64 arrays; positions outside that
+        span or the evicted ranges, or at or below the mark, are skipped, and so are
+        rescheduled ones: a move is newer than a cancel folded before it); returns how many
+        came back. The span is not evicted afterwards."""
         ledger_column = np.ascontiguousarray(ledgers, dtype=np.int64)
         entry_column = np.ascontiguousarray(entries, dtype=np.int64)
         if len(ledger_column) != len(entry_column):
             raise ValueError("ledgers and entries differ in length")
+        if not 0 <= start <= end:
+            raise ValueError(f"empty ledger range {start}..{end}")
         cdef const int64_t[:] ls = ledger_column
         cdef const int64_t[:] es = entry_column
         cdef const uint8_t[:] keep = self.evicted.mask(ledger_column).view(np.uint8)
         cdef Py_ssize_t i
         cdef int64_t restored = 0
         for i in range(ls.shape[0]):
-            if keep[i]:
+            if keep[i] and start <= ls[i] <= end:
                 check_ids(ls[i], es[i])
                 if not self.acked(ls[i], es[i]) and not (
                         self.moved and (ls[i], es[i]) in self.moved):
                     restored += self.cancelled.cadd(ls[i], es[i])
-        self.evicted.clear()
-        self.evicted_max = -1
+        self.evicted.remove(start, end)
+        self.evicted_max = self.evicted.max
         return restored
 
     def evicted_ranges(self) -> list:

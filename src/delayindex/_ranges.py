@@ -59,6 +59,23 @@ class LedgerRanges:
         self._ends[first:last] = [end]
         self.max = self._ends[-1]
 
+    def remove(self, start: int, end: int) -> None:
+        """Stop covering ``start..end`` (the ranges it overlaps are cut, or split in two)."""
+        if not 0 <= start <= end:
+            raise ValueError(f"bad range [{start}, {end}]")
+        first = bisect.bisect_left(self._ends, start)  # the first range reaching start
+        last = bisect.bisect_right(self._starts, end)  # past the last range starting by end
+        if first >= last:
+            return
+        pieces = []
+        if self._starts[first] < start:
+            pieces.append((self._starts[first], start - 1))
+        if self._ends[last - 1] > end:
+            pieces.append((end + 1, self._ends[last - 1]))
+        self._starts[first:last] = [a for a, _ in pieces]
+        self._ends[first:last] = [b for _, b in pieces]
+        self.max = self._ends[-1] if self._ends else -1
+
     def drop_below(self, ledger: int) -> None:
         """Forget the ranges that end below ``ledger`` (the mark-delete passed them)."""
         keep = bisect.bisect_left(self._ends, ledger)

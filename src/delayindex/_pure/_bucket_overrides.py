@@ -26,7 +26,7 @@ from delayindex._pure._ints import as_i64, check_ids
 from delayindex._pure.heap import position_columns
 from delayindex._pure.index import LedgerIndex
 from delayindex._ranges import LedgerRanges
-from delayindex.model import ADD_ACKED, ADD_NEED_OVERRIDES
+from delayindex.model import ADD_ACKED, ADD_NEED_OVERRIDES, MAX_LEDGER_ID
 
 #: memory_bytes' estimate per reschedule override (as the native twin).
 MOVED_ENTRY_BYTES = 200
@@ -185,21 +185,27 @@ class BucketOverrides:
         self._overridden = True  # adds must look at the evicted ranges
         return removed
 
-    def restore_evicted(self, ledgers: Any, entries: Any) -> int:
-        """Take back the evicted cancels (the driver's durable record, ascending, as two int64
-        arrays; positions outside the evicted ranges or at or below the mark are skipped, and
-        so are rescheduled ones: a move is newer than a cancel folded before it); returns how
-        many came back. Nothing is evicted afterwards."""
+    def restore_evicted(
+        self, ledgers: Any, entries: Any, start: int = 0, end: int = MAX_LEDGER_ID
+    ) -> int:
+        """Take back the evicted cancels of ledgers ``start..end`` (default: all of them) from
+        the driver's durable record (ascending, as two int64 arrays; positions outside that
+        span or the evicted ranges, or at or below the mark, are skipped, and so are
+        rescheduled ones: a move is newer than a cancel folded before it); returns how many
+        came back. The span is not evicted afterwards."""
         ls, es = np.asarray(ledgers, dtype=np.int64), np.asarray(entries, dtype=np.int64)
         if len(ls) != len(es):
             raise ValueError("ledgers and entries differ in length")
-        keep = self._evicted.mask(ls)
+        start, end = as_i64(start), as_i64(end)
+        if not 0 <= start <= end:
+            raise ValueError(f"empty ledger range {start}..{end}")
+        keep = self._evicted.mask(ls) & (ls >= start) & (ls <= end)
         restored = 0
         for ledger, entry in zip(ls[keep].tolist(), es[keep].tolist(), strict=True):
             check_ids(ledger, entry)
             if (ledger, entry) > self._mark and (ledger, entry) not in self._moved:
                 restored += int(self._cancelled.add(ledger, entry))
-        self._evicted.clear()
+        self._evicted.remove(start, end)
         return restored
 
     def evicted_ranges(self) -> list[tuple[int, int]]:

@@ -21,8 +21,9 @@ leave the core's memory (``BucketCore.evict_cancels``): the catalog's copy of th
 (packed, about a fifth of the core's bitmaps) is then their only one, so cancelling half of
 10 M messages costs about 0.2 B/msg resident instead of 0.6. Adds reach a sealed range only
 through a replay (or a non-monotonic producer); one of an untracked position there makes the
-core answer ``ADD_NEED_OVERRIDES``, and :meth:`_restore_evicted` hands the catalog's record
-back before the add is made again. Each later note is the core's cancels plus the record's
+core answer ``ADD_NEED_OVERRIDES``, and :meth:`_restore_evicted` hands back the record's
+cancels of that bucket's ledgers (:meth:`_restore_span`; the other ranges stay evicted) before
+the add is made again. Each later note is the core's cancels plus the record's
 evicted ones, so the manifest always carries them all; joining them means decoding the record
 (about 0.3 s for 5 M cancels), so with evicted cancels a note is made outside the lock
 (:meth:`_note_overrides_unlocked`, by the persist job before its commit and by ``flush()``),
@@ -38,10 +39,11 @@ record's and the sources' folded ones, less the rescheduled positions) with the 
 next note drop the record's (``_fold_pending``). If it moved, both keep theirs: a folded set is
 then a duplicate, never the only copy of a newer state. Truth is therefore the record's cancels
 plus every live bucket's folded ones, less the positions with a move (a reschedule after a fold
-wins; ``restore_evicted`` skips moved positions). :meth:`_restore_evicted` reads the folded sets
-back; a bucket whose set cannot be read keeps its range evicted and adds there raise. A folded
-bucket deleted above the mark (:meth:`_unfold`, from ``_retire``; at open, a wholly due one)
-first hands its cancels back to memory, so the delete's commit carries them in the manifest.
+wins; ``restore_evicted`` skips moved positions). :meth:`_restore_evicted` reads the span's
+folded sets back; a bucket whose set cannot be read keeps its range evicted and adds there
+raise. A folded bucket deleted above the mark (:meth:`_unfold`, from ``_retire``; at open, a
+wholly due one) first hands its cancels back to memory, so the delete's commit carries them in
+the manifest.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from delayindex._cancelset import pack_cancelled, union_unique
 from delayindex._ranges import LedgerRanges
 from delayindex.errors import SnapshotCorruptError, SnapshotNotFoundError, StorageError
 from delayindex.model import ADD_DELIVER, ADD_NEED_OVERRIDES, ADD_SEAL_FIRST
+from delayindex.model import MAX_LEDGER_ID as _MAX_LEDGER
 from delayindex.storage._overrides import Overrides
 from delayindex.tracker.in_memory import _diagnose, as_int64_array
 
@@ -256,9 +259,11 @@ class OverridesMixin:
         del self._fold_pending[:folds]  # the record no longer holds what those merges folded
 
     def _restore_evicted(self, ledger: int | None = None) -> None:
-        """The core needs the cancels it evicted (lock held): hand it the catalog's record and
-        the cancels folded into merged buckets, which together hold them all (see the module
-        docs).
+        """The core needs the cancels it evicted (lock held): hand it, from the catalog's
+        record and the cancels folded into merged buckets, which together hold them all (see
+        the module docs), those of ``ledger``'s span (:meth:`_restore_span`: its bucket's
+        ledgers), or all of them when ``ledger`` is None. The rest stay evicted until an add
+        needs them: a replay pays for one bucket's cancels at a time.
 
         A bucket whose folded cancels cannot be read keeps its range evicted (reported in
         ``stats()``); if ``ledger`` (the position an add or reschedule is for) lies there, the
@@ -266,9 +271,14 @@ class OverridesMixin:
         delivered.
         """
         ledgers, entries, *_ = self._catalog.manifest.overrides.to_arrays()
+        start, end = (0, _MAX_LEDGER) if ledger is None else self._restore_span(ledger)
+        if ledger is not None:  # the record is ascending: slice the span out
+            lo, hi = np.searchsorted(ledgers, [start, end + 1])
+            ledgers, entries = ledgers[lo:hi], entries[lo:hi]
+        from_record = int(self._core.evicted_mask(ledgers).sum())
         failed: list[tuple[Any, Exception]] = []
         for bucket in list(self._buckets.values()):
-            if not bucket.folded:
+            if not bucket.folded or bucket.end < start or bucket.start > end:
                 continue
             try:
                 folded = self._read_folded(bucket)
@@ -276,8 +286,10 @@ class OverridesMixin:
                 failed.append((bucket, exc))
                 continue
             ledgers, entries = union_unique(ledgers, entries, *folded)
-        self._core.restore_evicted(ledgers, entries)
-        self._evicted_count = 0
+        self._core.restore_evicted(ledgers, entries, start, end)
+        # The record's cancels the span took back are the core's now (exact again at the
+        # next note, which counts what the record alone holds).
+        self._evicted_count = 0 if ledger is None else max(0, self._evicted_count - from_record)
         error: Exception | None = None
         for bucket, failure in failed:
             self._core.evict_range(bucket.start, bucket.end, False)
@@ -290,6 +302,17 @@ class OverridesMixin:
                 error = failure
         if error is not None:
             raise error
+
+    def _restore_span(self, ledger: int) -> tuple[int, int]:
+        """The ledgers whose evicted cancels an add at ``ledger`` takes back: its bucket's,
+        or (no bucket holds it) the evicted range that holds it, or ``ledger`` alone."""
+        for bucket in self._buckets.values():
+            if bucket.start <= ledger <= bucket.end:
+                return bucket.start, bucket.end
+        for start, end in self._core.evicted_ranges():
+            if start <= ledger <= end:
+                return start, end
+        return ledger, ledger
 
     def _read_folded(self, bucket: Any) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """The cancels folded into a durable bucket's snapshot, read from storage."""
