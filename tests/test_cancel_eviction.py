@@ -214,3 +214,28 @@ def test_after_eviction_a_seals_commit_still_carries_a_new_cancel() -> None:
         assert index.stats()["cancel_overrides"] == 2
     finally:
         index.close()
+
+
+def test_a_replay_at_the_largest_ledger_ids_restores_its_span() -> None:
+    """Per-bucket restores next to the largest ledger id: each replay takes back its own
+    bucket's cancel only, and every answer is the same as without eviction."""
+    top = 2**63 - 1
+    clock, storage = ManualClock(T0), MemoryStorage()
+    index = _open(storage, clock)
+    try:
+        for ledger in range(top - 4, top + 1):
+            for entry in range(4):
+                assert index.add(ledger, entry, T0 + 100 + entry)
+        assert index.cancel(top - 1, 2) and index.cancel(top - 3, 0)
+        index.flush()
+        assert _in_core(index) == 0 and index.stats()["cancel_overrides_evicted"] == 2
+        # Ledger top - 1's bucket comes back; top - 3's cancel stays evicted.
+        assert index.add(top - 1, 2, T0 + 102) is True and not index.contains(top - 1, 2)
+        assert _in_core(index) == 1 and index.stats()["cancel_overrides"] == 2
+        assert index.add(top - 3, 0, T0 + 100) is True and not index.contains(top - 3, 0)
+        assert _in_core(index) == 2
+        index._core._check()
+        clock.advance(1_000)
+        assert len(index.poll(100)) == 18
+    finally:
+        index.close()

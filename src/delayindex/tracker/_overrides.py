@@ -273,7 +273,8 @@ class OverridesMixin:
         ledgers, entries, *_ = self._catalog.manifest.overrides.to_arrays()
         start, end = (0, _MAX_LEDGER) if ledger is None else self._restore_span(ledger)
         if ledger is not None:  # the record is ascending: slice the span out
-            lo, hi = np.searchsorted(ledgers, [start, end + 1])
+            lo = int(np.searchsorted(ledgers, start, side="left"))
+            hi = int(np.searchsorted(ledgers, end, side="right"))  # end may be the largest id
             ledgers, entries = ledgers[lo:hi], entries[lo:hi]
         from_record = int(self._core.evicted_mask(ledgers).sum())
         failed: list[tuple[Any, Exception]] = []
