@@ -28,11 +28,10 @@ what failed; nothing decodes silently wrong. See docs/snapshot-format.md.
 
 from __future__ import annotations
 
-import functools
 import re
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mmh3
@@ -76,17 +75,14 @@ class ObjectHeader:
     version: int
     entry_lengths: tuple[int, ...]
     header_bytes: int
+    #: Byte offset of each entry and of the end, from the parsed table (reads look it up; a
+    #: header may stay cached with its object's metadata, so int64s rather than Python ints).
+    _offsets: npt.NDArray[np.int64] = field(compare=False, repr=False)
 
     @property
     def num_segments(self) -> int:
         """Segments in the object (entries minus the metadata)."""
         return len(self.entry_lengths) - 1
-
-    @functools.cached_property
-    def _offsets(self) -> npt.NDArray[np.int64]:
-        # Byte offset of each entry and of the end, computed once (reads look it up; a header
-        # may stay cached with its object's metadata, so int64s rather than Python ints).
-        return _entry_offsets(np.asarray(self.entry_lengths, dtype=np.int64), self.header_bytes)
 
     @property
     def total_bytes(self) -> int:
@@ -315,10 +311,8 @@ def read_header(data: bytes, name: str) -> ObjectHeader:
         raise SnapshotCorruptError(f"{name}: malformed entry table") from None
     if pos != len(head) or count < 2 or np.any(lengths < 1 + _CRC.size):
         raise SnapshotCorruptError(f"{name}: malformed entry table")
-    header = ObjectHeader(OBJECT_VERSION, tuple(lengths.tolist()), needed)
-    # The offsets from the parsed array (the cached property would convert the tuple back).
-    header.__dict__["_offsets"] = _entry_offsets(lengths, needed)
-    return header
+    offsets = _entry_offsets(lengths, needed)
+    return ObjectHeader(OBJECT_VERSION, tuple(lengths.tolist()), needed, offsets)
 
 
 def _entry_offsets(lengths: npt.NDArray[np.int64], header_bytes: int) -> npt.NDArray[np.int64]:

@@ -60,7 +60,6 @@ from delayindex._cancelset import pack_cancelled, union_unique
 from delayindex._ranges import LedgerRanges
 from delayindex.errors import SnapshotCorruptError, SnapshotNotFoundError, StorageError
 from delayindex.model import ADD_DELIVER, ADD_NEED_OVERRIDES, ADD_SEAL_FIRST
-from delayindex.model import MAX_LEDGER_ID as _MAX_LEDGER
 from delayindex.storage._overrides import Overrides
 from delayindex.tracker.in_memory import _diagnose, as_int64_array
 
@@ -258,12 +257,12 @@ class OverridesMixin:
         self._overrides_dirty = False
         del self._fold_pending[:folds]  # the record no longer holds what those merges folded
 
-    def _restore_evicted(self, ledger: int | None = None) -> None:
+    def _restore_evicted(self, ledger: int) -> None:
         """The core needs the cancels it evicted (lock held): hand it, from the catalog's
         record and the cancels folded into merged buckets, which together hold them all (see
         the module docs), those of ``ledger``'s span (:meth:`_restore_span`: its bucket's
-        ledgers), or all of them when ``ledger`` is None. The rest stay evicted until an add
-        needs them: a replay pays for one bucket's cancels at a time.
+        ledgers). The rest stay evicted until an add needs them: a replay pays for one
+        bucket's cancels at a time.
 
         A bucket whose folded cancels cannot be read keeps its range evicted (reported in
         ``stats()``); if ``ledger`` (the position an add or reschedule is for) lies there, the
@@ -271,11 +270,11 @@ class OverridesMixin:
         delivered.
         """
         ledgers, entries, *_ = self._catalog.manifest.overrides.to_arrays()
-        start, end = (0, _MAX_LEDGER) if ledger is None else self._restore_span(ledger)
-        if ledger is not None:  # the record is ascending: slice the span out
-            lo = int(np.searchsorted(ledgers, start, side="left"))
-            hi = int(np.searchsorted(ledgers, end, side="right"))  # end may be the largest id
-            ledgers, entries = ledgers[lo:hi], entries[lo:hi]
+        start, end = self._restore_span(ledger)
+        # The record is ascending: slice the span out (end may be the largest id).
+        lo = int(np.searchsorted(ledgers, start, side="left"))
+        hi = int(np.searchsorted(ledgers, end, side="right"))
+        ledgers, entries = ledgers[lo:hi], entries[lo:hi]
         from_record = int(self._core.evicted_mask(ledgers).sum())
         failed: list[tuple[Any, Exception]] = []
         for bucket in list(self._buckets.values()):
@@ -290,7 +289,7 @@ class OverridesMixin:
         self._core.restore_evicted(ledgers, entries, start, end)
         # The record's cancels the span took back are the core's now (exact again at the
         # next note, which counts what the record alone holds).
-        self._evicted_count = 0 if ledger is None else max(0, self._evicted_count - from_record)
+        self._evicted_count = max(0, self._evicted_count - from_record)
         error: Exception | None = None
         for bucket, failure in failed:
             self._core.evict_range(bucket.start, bucket.end, False)
@@ -299,7 +298,7 @@ class OverridesMixin:
                 f"({failure}); adds of untracked positions in those ledgers are refused with an "
                 "error until it reads again or the mark-delete passes it"
             )
-            if ledger is not None and bucket.start <= ledger <= bucket.end:
+            if bucket.start <= ledger <= bucket.end:
                 error = failure
         if error is not None:
             raise error

@@ -33,7 +33,7 @@ class TopicMixin:
     _load: Callable[[int, int], None]
     _after_take: Callable[[int], None]
     _submit_queued: Callable[[], None]
-    _restore_evicted: Callable[[int | None], None]
+    _restore_evicted: Callable[[int], None]
     _overrides_dirty: bool
     _overrides_used: bool
 
