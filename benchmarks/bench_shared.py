@@ -33,6 +33,17 @@ reference of each group is a DelayIndex measured in the same run, and the ratios
     ``n`` over the time spent inside the slowest and fastest subscription's own polls (the
     first in turn pops the keys from the topic index for all). For reference, the same drain of
     one DelayIndex by one consumer (``delay_index``).
+``shared-add-<n>``
+    Per-call ``SharedDelayIndex.add`` of all ``n`` messages into a fresh shared index with ten
+    subscriptions (the building cursor's call), on the build's wall clock as in
+    ``tracker-add-<n>`` (every deliver time is more than a day ahead); for
+    reference the same into a fresh DelayIndex (``delay_index``) and the inline heapq + set loop
+    (``heapq-inline``, as in ``tracker-add-<n>``; the bar of issue 18's native front: ``add``
+    >= 1.5x it).
+``shared-contains-<n>``
+    A shared index with ten subscriptions, filled (untimed); timed: one subscription's
+    ``contains`` of every position (all hits). For reference a DelayIndex's ``contains`` and the
+    inline membership loop (``heapq-inline``; the bar: ``contains`` >= 1.2x it).
 ``shared-reopen-<n>``
     Setup (untimed, once per size): the shared index with ten subscriptions, filled, each
     subscription's mark at a different message (subscription ``i`` at message ``i * n / 20``),
@@ -57,7 +68,17 @@ from typing import Any
 
 import pytest
 from shared_probe import SUBSCRIPTIONS, drain_round_robin, fill
-from support import record, record_rate, rounds_for, run_probe, slowed
+from support import (
+    add_each,
+    add_inline,
+    contains_each,
+    contains_inline,
+    record,
+    record_rate,
+    rounds_for,
+    run_probe,
+    slowed,
+)
 
 from delayindex import DelayIndex, FileStorage, ManualClock, SharedDelayIndex
 
@@ -192,6 +213,88 @@ def test_shared_drain(benchmark: Any, inputs: Any, size_id: str, env: Any, kind:
     seconds = min(rounds, key=sum)  # the best round's, as the rates above
     info["per_sub_slowest_msgs_per_s"] = round(n / max(seconds))
     info["per_sub_fastest_msgs_per_s"] = round(n / min(seconds))
+
+
+# -- the per-call front ----------------------------------------------------------------------------
+
+PER_CALL_KINDS = ["shared", "delay_index", "heapq-inline"]
+PER_CALL_LABELS = {
+    "shared": f"SharedDelayIndex, {SUBSCRIPTIONS} subscriptions",
+    "delay_index": "DelayIndex",
+    "heapq-inline": "heapq+set, inline loop (no tracker)",
+}
+
+
+def _empty(store: Path, clock: Callable[[], int], shared: bool) -> tuple[Any, Any]:
+    """A fresh index on ``clock`` and what answers ``contains`` for it (a shared index's
+    fourth subscription of ten)."""
+    if shared:
+        index = SharedDelayIndex.open(FileStorage(store), "bench", clock=clock)
+        views = [index.subscribe(f"sub-{i}") for i in range(SUBSCRIPTIONS)]
+        return index, views[3]
+    index = DelayIndex.open(FileStorage(store), "bench", clock=clock)
+    return index, index
+
+
+@pytest.mark.parametrize("kind", PER_CALL_KINDS)
+def test_shared_add(benchmark: Any, inputs: Any, size_id: str, env: Any, kind: str) -> None:
+    delayed = inputs
+    n = len(delayed)
+    record(benchmark, f"shared-add-{size_id}", kind, PER_CALL_LABELS[kind], size=n)
+    columns = (delayed.ledger_list, delayed.entry_list, delayed.deliver_list)
+    if kind == "heapq-inline":
+        heap, _ = benchmark.pedantic(
+            slowed(kind, add_inline), args=columns, rounds=rounds_for(n, kind), iterations=1
+        )
+        record_rate(benchmark, n)
+        assert len(heap) == n
+        return
+    made: list[Any] = []
+
+    def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+        for index in made:  # the previous round's, untimed
+            index.close()
+        made.clear()
+        env.release()
+        index, _ = _empty(env.store(), env.wall_clock(), kind == "shared")
+        made.append(index)
+        return (index, *columns), {}
+
+    benchmark.pedantic(
+        slowed(kind, add_each), setup=setup, rounds=rounds_for(n, kind), iterations=1
+    )
+    record_rate(benchmark, n)
+    try:
+        assert len(made[-1]) == n
+    finally:
+        made[-1].close()
+
+
+@pytest.mark.parametrize("kind", PER_CALL_KINDS)
+def test_shared_contains(benchmark: Any, inputs: Any, size_id: str, env: Any, kind: str) -> None:
+    delayed = inputs
+    n = len(delayed)
+    record(benchmark, f"shared-contains-{size_id}", kind, PER_CALL_LABELS[kind], size=n)
+    args: tuple[Any, ...]
+    index = None
+    if kind == "heapq-inline":
+        positions = set(zip(delayed.ledger_list, delayed.entry_list, strict=True))
+        target: Callable[..., int] = contains_inline
+        args = (positions, delayed.ledger_list, delayed.entry_list)
+    else:
+        index, view = _empty(env.store(), ManualClock(delayed.now_ms), kind == "shared")
+        fill(index, (delayed.ledgers, delayed.entries, delayed.deliver_at))
+        target = contains_each
+        args = (view, delayed.ledger_list, delayed.entry_list)
+    try:
+        hits = benchmark.pedantic(
+            slowed(kind, target), args=args, rounds=rounds_for(n, kind), iterations=1
+        )
+    finally:
+        if index is not None:
+            index.close()
+    record_rate(benchmark, n)
+    assert hits == n
 
 
 # -- the reopen -----------------------------------------------------------------------------------

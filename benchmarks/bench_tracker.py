@@ -49,50 +49,28 @@ tracker. Run::
 
 from __future__ import annotations
 
-import heapq
 from typing import Any
 
 import numpy as np
 import pytest
-from support import KIND_LABELS, TRACKER_KINDS, record, record_rate, rounds_for, slowed
+from support import (
+    KIND_LABELS,
+    TRACKER_KINDS,
+    add_each,
+    add_inline,
+    contains_each,
+    contains_inline,
+    record,
+    record_rate,
+    rounds_for,
+    slowed,
+)
 
 from delayindex import ManualClock
 
 BATCH = 1000
 #: Entries a dispatcher reads per batch (Pulsar's default dispatcher read batch is 100).
 READ_WINDOW = 100
-
-
-def _add_each(tracker: Any, ledgers: list[int], entries: list[int], deliver_ats: list[int]) -> Any:
-    add = tracker.add
-    for ledger_id, entry_id, deliver_at in zip(ledgers, entries, deliver_ats, strict=True):
-        add(ledger_id, entry_id, deliver_at)
-    sync = getattr(tracker, "sync", None)
-    if sync is not None:  # Redis: send what is still queued
-        sync()
-    return tracker  # freed after the timer stops
-
-
-def _add_inline(ledgers: list[int], entries: list[int], deliver_ats: list[int]) -> Any:
-    heap: list[tuple[int, int, int]] = []
-    positions: set[tuple[int, int]] = set()
-    push = heapq.heappush
-    for ledger_id, entry_id, deliver_at in zip(ledgers, entries, deliver_ats, strict=True):
-        position = (ledger_id, entry_id)
-        if position not in positions:
-            positions.add(position)
-            push(heap, (deliver_at, ledger_id, entry_id))
-    return heap, positions  # freed after the timer stops
-
-
-def _contains_inline(
-    positions: set[tuple[int, int]], ledgers: list[int], entries: list[int]
-) -> int:
-    hits = 0
-    for ledger_id, entry_id in zip(ledgers, entries, strict=True):
-        if (ledger_id, entry_id) in positions:
-            hits += 1
-    return hits
 
 
 def _add_many(tracker: Any, ledgers: Any, entries: Any, deliver_ats: Any) -> Any:
@@ -106,15 +84,6 @@ def _drain(tracker: Any, clock: ManualClock, far_future_ms: int) -> tuple[int, i
     while batch := tracker.poll(BATCH):
         polled += len(batch)
     return polled, len(tracker)
-
-
-def _contains_each(tracker: Any, ledgers: list[int], entries: list[int]) -> int:
-    contains = tracker.contains
-    hits = 0
-    for ledger_id, entry_id in zip(ledgers, entries, strict=True):
-        if contains(ledger_id, entry_id):
-            hits += 1
-    return hits
 
 
 def _contains_many(tracker: Any, ledgers: list[int], entries: list[int]) -> int:
@@ -146,7 +115,7 @@ def test_add(benchmark: Any, delayed: Any, size_id: str, env: Any, kind: str) ->
         return (tracker, delayed.ledger_list, delayed.entry_list, delayed.deliver_list), {}
 
     rounds = rounds_for(len(delayed), kind)
-    tracker = benchmark.pedantic(slowed(kind, _add_each), setup=setup, rounds=rounds, iterations=1)
+    tracker = benchmark.pedantic(slowed(kind, add_each), setup=setup, rounds=rounds, iterations=1)
     record_rate(benchmark, len(delayed))
     assert len(tracker) == len(delayed)
 
@@ -157,7 +126,7 @@ def test_add_many(benchmark: Any, delayed: Any, size_id: str, env: Any, kind: st
     target: Any
     if kind in ("heapq", "sortedlist"):
         record(benchmark, group, kind, f"{KIND_LABELS[kind]} per-call add", size=len(delayed))
-        target = _add_each
+        target = add_each
         columns: tuple[Any, ...] = (delayed.ledger_list, delayed.entry_list, delayed.deliver_list)
     else:
         record(benchmark, group, kind, f"{KIND_LABELS[kind]} add_many", size=len(delayed))
@@ -200,7 +169,7 @@ def test_contains(
     record(benchmark, f"tracker-contains-{size_id}", kind, label, size=len(delayed))
     tracker = env.make(kind, ManualClock(delayed.now_ms))
     prefill(tracker, delayed)
-    target = _contains_many if kind == "redis" else _contains_each
+    target = _contains_many if kind == "redis" else contains_each
 
     hits = benchmark.pedantic(
         slowed(kind, target),
@@ -212,24 +181,24 @@ def test_contains(
     assert hits == len(delayed)
 
 
-def test_add_inline_baseline(benchmark: Any, delayed: Any, size_id: str) -> None:
+def testadd_inline_baseline(benchmark: Any, delayed: Any, size_id: str) -> None:
     kind = "heapq-inline"
     record(benchmark, f"tracker-add-{size_id}", kind, size=len(delayed))
     columns = (delayed.ledger_list, delayed.entry_list, delayed.deliver_list)
     heap, positions = benchmark.pedantic(
-        slowed(kind, _add_inline), args=columns, rounds=rounds_for(len(delayed), kind),
+        slowed(kind, add_inline), args=columns, rounds=rounds_for(len(delayed), kind),
         iterations=1,
     )  # fmt: skip
     record_rate(benchmark, len(delayed))
     assert len(heap) == len(positions) == len(delayed)
 
 
-def test_contains_inline_baseline(benchmark: Any, delayed: Any, size_id: str) -> None:
+def testcontains_inline_baseline(benchmark: Any, delayed: Any, size_id: str) -> None:
     kind = "heapq-inline"
     record(benchmark, f"tracker-contains-{size_id}", kind, size=len(delayed))
     positions = set(zip(delayed.ledger_list, delayed.entry_list, strict=True))
     hits = benchmark.pedantic(
-        slowed(kind, _contains_inline),
+        slowed(kind, contains_inline),
         args=(positions, delayed.ledger_list, delayed.entry_list),
         rounds=rounds_for(len(delayed), kind),
         iterations=1,

@@ -27,6 +27,7 @@ other) and ``conftest.py`` share it.
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import subprocess
@@ -254,3 +255,49 @@ def run_probe(code: str, args: Sequence[str], *, pure: bool = False) -> dict[str
         )
     result: dict[str, Any] = json.loads(completed.stdout.strip().splitlines()[-1])
     return result
+
+
+# -- the per-call loops (bench_tracker, bench_shared) ---------------------------------------------
+
+
+def add_each(tracker: Any, ledgers: list[int], entries: list[int], deliver_ats: list[int]) -> Any:
+    """Per-call ``tracker.add`` of every message (Redis: then send what is still queued)."""
+    add = tracker.add
+    for ledger_id, entry_id, deliver_at in zip(ledgers, entries, deliver_ats, strict=True):
+        add(ledger_id, entry_id, deliver_at)
+    sync = getattr(tracker, "sync", None)
+    if sync is not None:  # Redis: send what is still queued
+        sync()
+    return tracker  # freed after the timer stops
+
+
+def add_inline(ledgers: list[int], entries: list[int], deliver_ats: list[int]) -> Any:
+    """The inline heapq + set loop: the dedup and the push in the loop body (no tracker)."""
+    heap: list[tuple[int, int, int]] = []
+    positions: set[tuple[int, int]] = set()
+    push = heapq.heappush
+    for ledger_id, entry_id, deliver_at in zip(ledgers, entries, deliver_ats, strict=True):
+        position = (ledger_id, entry_id)
+        if position not in positions:
+            positions.add(position)
+            push(heap, (deliver_at, ledger_id, entry_id))
+    return heap, positions  # freed after the timer stops
+
+
+def contains_inline(positions: set[tuple[int, int]], ledgers: list[int], entries: list[int]) -> int:
+    """The inline membership loop over ``positions``: how many of the positions are in it."""
+    hits = 0
+    for ledger_id, entry_id in zip(ledgers, entries, strict=True):
+        if (ledger_id, entry_id) in positions:
+            hits += 1
+    return hits
+
+
+def contains_each(tracker: Any, ledgers: list[int], entries: list[int]) -> int:
+    """Per-call ``tracker.contains`` of every position: how many it holds."""
+    contains = tracker.contains
+    hits = 0
+    for ledger_id, entry_id in zip(ledgers, entries, strict=True):
+        if contains(ledger_id, entry_id):
+            hits += 1
+    return hits

@@ -201,6 +201,8 @@ def test_native_public_names_exist_in_the_pure_world() -> None:
         "BucketCore": "PureBucketCore",
         "LedgerIndex": "PureLedgerIndex",
         "Front": "PureFront",
+        "SharedFront": "PureSharedFront",
+        "SubFront": "PureSubFront",
         "BinIndex": "PureBinIndex",
         "wall_clock_ms": "pure_wall_clock_ms",
         "sorted_positions": "pure_sorted_positions",

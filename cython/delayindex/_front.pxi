@@ -92,48 +92,74 @@ cdef class Front:
         cdef int64_t c_ledger = as_i64(ledger)
         cdef int64_t c_entry = as_i64(entry)
         cdef int64_t c_time = as_i64(deliver_at)
-        cdef int64_t now, target
-        cdef int code
         check_ids(c_ledger, c_entry)
+        return self.cadd(ledger, entry, deliver_at, c_ledger, c_entry, c_time)
+
+    cdef bint cadd(self, object ledger, object entry, object deliver_at, int64_t c_ledger,
+                   int64_t c_entry, int64_t c_time) except -1:
+        # ``add`` with the arguments converted and checked.
+        cdef int code
         self._acquire()
         try:
-            now = self.now()
-            code = self.core_add(ledger, entry, deliver_at, c_ledger, c_entry, c_time, now)
-            if code == ADD_NEED_OVERRIDES_ and self.restore is not None:
-                self.restore(c_ledger)
-                code = self.core_add(ledger, entry, deliver_at, c_ledger, c_entry, c_time, now)
-            if code == ADD_SEAL_FIRST_ and self.seal is not None:
-                self.seal()
-                code = self.core_add(ledger, entry, deliver_at, c_ledger, c_entry, c_time, now)
-            if code == ADD_TRACKED_ and self.arming is not None:
-                target = self.arming.target
-                if target < 0 or c_time < target:
-                    self.arming.update(self._core.next_time(), now, self._core.tick_ms)
+            code = self.add_locked(ledger, entry, deliver_at, c_ledger, c_entry, c_time)
         finally:
             self._release()
+        self.after_call()
+        return code != ADD_DELIVER_
+
+    cdef int add_locked(self, object ledger, object entry, object deliver_at, int64_t c_ledger,
+                        int64_t c_entry, int64_t c_time) except -1:
+        # The add under the lock (the caller holds it; SharedFront calls this too): the
+        # core's answer code, after the seal, restore and timer hooks.
+        cdef int64_t now = self.now()
+        cdef int64_t target
+        cdef int code = self.core_add(ledger, entry, deliver_at, c_ledger, c_entry, c_time, now)
+        if code == ADD_NEED_OVERRIDES_ and self.restore is not None:
+            self.restore(c_ledger)
+            code = self.core_add(ledger, entry, deliver_at, c_ledger, c_entry, c_time, now)
+        if code == ADD_SEAL_FIRST_ and self.seal is not None:
+            self.seal()
+            code = self.core_add(ledger, entry, deliver_at, c_ledger, c_entry, c_time, now)
+        if code == ADD_TRACKED_ and self.arming is not None:
+            target = self.arming.target
+            if target < 0 or c_time < target:
+                self.arming.update(self._core.next_time(), now, self._core.tick_ms)
+        return code
+
+    cdef int after_call(self) except -1:
+        # Once the lock is released: submit the queued jobs, if any.
         if self.queued is not None and len(self.queued) and self.submit is not None:
             self.submit()
-        return code != ADD_DELIVER_
+        return 0
 
     def contains(self, ledger, entry) -> bool:
         """``core.contains`` under the lock."""
         cdef int64_t c_ledger = as_i64(ledger)
         cdef int64_t c_entry = as_i64(entry)
-        cdef bint found
         check_ids(c_ledger, c_entry)
+        return self.ccontains(ledger, entry, c_ledger, c_entry)
+
+    cdef bint ccontains(self, object ledger, object entry, int64_t c_ledger,
+                        int64_t c_entry) except -1:
+        # ``contains`` with the arguments converted and checked.
+        cdef bint found
         self._acquire()
         try:
-            if self.closed:
-                found = False
-            elif self.bcore is not None:
-                found = self.bcore.index.ccontains(c_ledger, c_entry)
-            elif self.tcore is not None:
-                found = self.tcore.ccontains(c_ledger, c_entry)
-            else:
-                found = self._core.contains(ledger, entry)
+            found = self.contains_locked(ledger, entry, c_ledger, c_entry)
         finally:
             self._release()
         return found
+
+    cdef bint contains_locked(self, object ledger, object entry, int64_t c_ledger,
+                              int64_t c_entry) except -1:
+        # The core's answer (the caller holds the lock; SharedFront calls this too).
+        if self.closed:
+            return False
+        if self.bcore is not None:
+            return self.bcore.index.ccontains(c_ledger, c_entry)
+        if self.tcore is not None:
+            return self.tcore.ccontains(c_ledger, c_entry)
+        return self._core.contains(ledger, entry)
 
     def cancel(self, ledger, entry) -> bool:
         """``core.cancel`` under the lock: True if the position was tracked."""
@@ -180,8 +206,7 @@ cdef class Front:
                 self.arming.update(core.next_time(), now, core.tick_ms)
         finally:
             self._release()
-        if self.queued is not None and len(self.queued) and self.submit is not None:
-            self.submit()
+        self.after_call()
         return out
 
     def tracked_entries(self, ledger, first, last):

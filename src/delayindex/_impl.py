@@ -37,6 +37,8 @@ PureTrackerCore = _pure_core.TrackerCore
 PureBucketCore = _pure_bucket.BucketCore
 PureLedgerIndex = _pure_index.LedgerIndex
 PureFront = _pure_front.Front
+PureSharedFront = _pure_front.SharedFront
+PureSubFront = _pure_front.SubFront
 pure_wall_clock_ms = _pure_clock.wall_clock_ms
 pure_sorted_positions = _pure_heap.sorted_positions
 #: The codec kernels: each is a function of both ``_native`` and ``_pure.codec``.
@@ -98,7 +100,7 @@ if TYPE_CHECKING:
         unpack_segment_times,
     )
     from delayindex._pure.core import TrackerCore
-    from delayindex._pure.front import Front
+    from delayindex._pure.front import Front, SharedFront, SubFront
     from delayindex._pure.heap import TripleHeap, sorted_positions
     from delayindex._pure.index import LedgerIndex
     from delayindex.clock import wall_clock_ms
@@ -115,6 +117,8 @@ else:
         BucketCore = _module.BucketCore
         LedgerIndex = _module.LedgerIndex
         Front = _module.Front
+        SharedFront = _module.SharedFront
+        SubFront = _module.SubFront
         wall_clock_ms = _module.wall_clock_ms
         sorted_positions = _module.sorted_positions
         _kernels = _module
@@ -124,6 +128,8 @@ else:
         BucketCore = PureBucketCore
         LedgerIndex = PureLedgerIndex
         Front = PureFront
+        SharedFront = PureSharedFront
+        SubFront = PureSubFront
         wall_clock_ms = pure_wall_clock_ms
         sorted_positions = pure_sorted_positions
         _kernels = _pure_codec
@@ -154,9 +160,13 @@ __all__ = [
     "PureBucketCore",
     "PureFront",
     "PureLedgerIndex",
+    "PureSharedFront",
+    "PureSubFront",
     "NATIVE",
     "PureTrackerCore",
     "PureTripleHeap",
+    "SharedFront",
+    "SubFront",
     "TrackerCore",
     "TripleHeap",
     "build_segments",

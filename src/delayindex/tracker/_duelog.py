@@ -159,6 +159,12 @@ class DueLog:
 
     def append(self, times: Int64Array, ledgers: Int64Array, entries: Int64Array) -> None:
         """Append keys popped from the topic index (one pop: in selection order)."""
+        self.append_unspilled(times, ledgers, entries)
+        self.spill_excess()
+
+    def append_unspilled(self, times: Int64Array, ledgers: Int64Array, entries: Int64Array) -> None:
+        """:meth:`append`, leaving the spill to :meth:`spill_excess` (the shared index appends
+        under the topic index's lock and spills, which writes a file, after it)."""
         if not len(times):
             return
         chunk = _Chunk(self._end, len(times), (times, ledgers, entries), int(times.min()))
@@ -168,6 +174,10 @@ class DueLog:
         self.memory.add_many(ledgers, entries)
         self._end = chunk.end
         self._in_memory += chunk.size
+
+    def spill_excess(self) -> None:
+        """Spill the oldest in-memory chunks while more than ``memory_keys`` keys are in
+        memory (the newest chunk always stays)."""
         while self._in_memory > self.memory_keys and self._first_memory < len(self._chunks) - 1:
             self._spill_oldest()
 
@@ -178,8 +188,10 @@ class DueLog:
             self._spill = _SpillFile(self._spill_dir)
         offset = self._spill.write(chunk.columns)
         _, ledgers, entries = chunk.columns
-        self.memory.discard_many(ledgers, entries)
+        # Into the spilled set first: a front reading without the shared lock must never see
+        # a log position in neither set (see SharedFront).
         self.spilled.add_many(ledgers, entries)
+        self.memory.discard_many(ledgers, entries)
         self._in_memory -= chunk.size
         previous = self._chunks[self._first_memory - 1] if self._first_memory else None
         if (

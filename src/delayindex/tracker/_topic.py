@@ -37,9 +37,14 @@ class TopicMixin:
     _overrides_dirty: bool
     _overrides_used: bool
 
-    def _poll_keys(self, max_messages: int) -> tuple[Int64Array, Int64Array, Int64Array]:
+    def _poll_keys(
+        self,
+        max_messages: int,
+        sink: Callable[[Int64Array, Int64Array, Int64Array], object] | None = None,
+    ) -> tuple[Int64Array, Int64Array, Int64Array]:
         """:meth:`poll` as ``(times, ledgers, entries)`` arrays in selection order (for the
-        shared index, which hands that one order to every subscription)."""
+        shared index, which hands that one order to every subscription); ``sink`` is given
+        them before the lock is released."""
         with self._lock:
             self._check_open()
             now = self._now()
@@ -51,15 +56,12 @@ class TopicMixin:
                 parts.append(self._core.poll_keys(want - got, now))
                 got += len(parts[-1][0])
             self._after_take(now)
+            keys = _one_order(parts)
+            if sink is not None:
+                sink(*keys)
         if self._queued:
             self._submit_queued()
-        if len(parts) == 1:
-            return parts[0]  # type: ignore[no-any-return]
-        times, ledgers, entries = (np.concatenate(column) for column in zip(*parts, strict=True))
-        # A load adds keys after the placeholder that asked for it, but the placeholder of a
-        # bucket whose reads failed was moved later (its keys come late): one pop, one order.
-        order = np.lexsort((entries, ledgers, times))
-        return times[order], ledgers[order], entries[order]
+        return keys
 
     def _ensure_overrides(self, ledger: int, entry: int) -> None:
         """Before reading the overrides of a position the topic index does not track (a
@@ -100,3 +102,16 @@ class TopicMixin:
         """The subscription records the manifest held at open (or noted since)."""
         with self._lock:
             return self._catalog.manifest.subscriptions
+
+
+def _one_order(
+    parts: list[tuple[Int64Array, Int64Array, Int64Array]],
+) -> tuple[Int64Array, Int64Array, Int64Array]:
+    """The keys of one pop's parts as one selection order."""
+    if len(parts) == 1:
+        return parts[0]
+    times, ledgers, entries = (np.concatenate(column) for column in zip(*parts, strict=True))
+    # A load adds keys after the placeholder that asked for it, but the placeholder of a
+    # bucket whose reads failed was moved later (its keys come late): one pop, one order.
+    order = np.lexsort((entries, ledgers, times))
+    return times[order], ledgers[order], entries[order]

@@ -81,6 +81,12 @@ class SharedDelayIndex(SharedOverridesMixin):
         self._private_count: dict[tuple[int, int], int] = {}
         self._lock = threading.RLock()
         self._closed = False
+        # The hot calls (add here, contains on each subscription): one native call each under
+        # the topic index's lock alone; held positions and a closed index go to the hooks.
+        self._front = _impl.SharedFront(
+            topic._front, self._log.memory, self._log.spilled, self._private_count
+        )
+        self._front.slow_add = self._add_slow
         self._last_batch: tuple[int, list[Position]] | None = None
         self._last_lateness: tuple[int, int, int, list[int], int] | None = None
 
@@ -110,7 +116,7 @@ class SharedDelayIndex(SharedOverridesMixin):
         )  # fmt: skip
         shared = cls(topic, _OPEN_TOKEN)
         for record in topic._stored_subscriptions():  # the subscriptions survive a restart
-            shared._subs[record.name] = _SubState(record.name, 0, record.mark_delete)
+            shared._subs[record.name] = shared._new_state(record.name, 0, record.mark_delete)
             shared._views[record.name] = Subscription(shared, record.name)
         # A commit may have landed between a subscription's new mark and the topic's: the
         # topic's mark moves up to the lowest subscription mark again.
@@ -142,7 +148,7 @@ class SharedDelayIndex(SharedOverridesMixin):
             if view is None:
                 mark = self._topic.mark_delete
                 SubscriptionRecord(sub_name, mark)  # validates the name first
-                self._subs[sub_name] = _SubState(sub_name, self._log.end, mark)
+                self._subs[sub_name] = self._new_state(sub_name, self._log.end, mark)
                 view = self._views[sub_name] = Subscription(self, sub_name)
                 self._note()
             return view
@@ -156,11 +162,31 @@ class SharedDelayIndex(SharedOverridesMixin):
         with self._lock:
             self._check_open()
             state = self._subs.pop(sub_name)  # KeyError names it
-            self._views.pop(sub_name)._detached = True
+            self._views.pop(sub_name)._detached = state.front.detached = True
             for pos in state.private_positions():
                 self._unpin(pos)
             self._note()
             self._after_progress()
+
+    def _new_state(self, sub_name: str, seq: int, mark: tuple[int, int] | None) -> _SubState:
+        """A fresh state for ``sub_name``; it keeps the subscription's front if it has one (its
+        view holds that front)."""
+        held = self._subs.get(sub_name)
+        if held is not None:
+            front = held.front
+        else:
+            front = _impl.SubFront(self._front)
+            front.slow_contains = lambda ledger, entry: self._contains_slow(sub_name, ledger, entry)
+        return _SubState(sub_name, seq, mark, front)
+
+    def _contains_slow(self, sub_name: str, ledger_id: int, entry_id: int) -> bool:
+        """A subscription's ``contains`` under the shared lock (its front's hook: a held
+        position)."""
+        with self._lock:
+            state = self._subs.get(sub_name)
+            if self._closed or state is None or state.front.detached:
+                return False
+            return self._contains(state, ledger_id, entry_id)
 
     def subscriptions(self) -> list[str]:
         """The subscription names, sorted."""
@@ -175,9 +201,20 @@ class SharedDelayIndex(SharedOverridesMixin):
         Returns True when it is tracked (or acknowledged by every subscription), False when it
         is due now or not delayed: every subscription's dispatcher delivers it directly.
         """
+        # One native call under the topic index's lock (see SharedFront), unless the position
+        # is held (the due log or a private heap has it) or the index closed: then _add_slow.
+        try:
+            return self._front.add(ledger_id, entry_id, deliver_at)
+        except (TypeError, OverflowError):
+            _diagnose(ledger_id=ledger_id, entry_id=entry_id, deliver_at=deliver_at)
+            self._topic._now()
+            raise
+
+    def _add_slow(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
+        """:meth:`add` under the shared lock (the front's hook: a held position, or closed)."""
         with self._lock:
             self._check_open()
-            if self._maybe_held(ledger_id) and self._held((ledger_id, entry_id)):
+            if self._held((ledger_id, entry_id)):
                 return self._readd((ledger_id, entry_id), deliver_at)
             return self._topic.add(ledger_id, entry_id, deliver_at)
 
@@ -275,9 +312,12 @@ class SharedDelayIndex(SharedOverridesMixin):
     # -- reading (Subscription calls these under the lock) ---------------------------------------
 
     def _pull(self, want: int) -> bool:
-        """Pop up to ``want`` due keys from the topic index into the log; whether any came."""
-        times, ledgers, entries = self._topic._poll_keys(want)
-        self._log.append(times, ledgers, entries)
+        """Pop up to ``want`` due keys from the topic index into the log; whether any came.
+
+        The keys enter the log before the topic index's lock is released: the fronts answer
+        "not held" from the topic index alone, under that lock (see SharedFront)."""
+        times, _, _ = self._topic._poll_keys(want, self._log.append_unspilled)
+        self._log.spill_excess()
         return len(times) > 0
 
     def _poll(self, state: _SubState, max_messages: int) -> list[Position]:
@@ -518,7 +558,7 @@ class SharedDelayIndex(SharedOverridesMixin):
             self._log.clear()
             self._private_count.clear()
             for name in self._subs:
-                self._subs[name] = _SubState(name, self._log.end, None)
+                self._subs[name] = self._new_state(name, self._log.end, None)
             # Noted first: the topic's clear commits at once, and that commit must carry the
             # reset marks (an old mark must not come back after a crash).
             self._note()
@@ -533,7 +573,7 @@ class SharedDelayIndex(SharedOverridesMixin):
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
+            self._closed = self._front.closed = True
             _registry.withdraw(self)
             self._log.close()
         self._topic.close()

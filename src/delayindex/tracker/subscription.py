@@ -8,7 +8,7 @@ internals with that state; every rule lives in :mod:`delayindex.tracker.shared`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyroaring import BitMap
 
@@ -25,16 +25,26 @@ if TYPE_CHECKING:
 class _SubState:
     """One subscription's progress: its next ``seq`` in the due log, its mark, its overrides."""
 
-    __slots__ = ("lateness", "mark", "name", "private", "received", "seq", "skip")
+    __slots__ = ("front", "lateness", "name", "private", "received", "seq", "skip")
 
-    def __init__(self, name: str, seq: int, mark: tuple[int, int] | None) -> None:
+    def __init__(self, name: str, seq: int, mark: tuple[int, int] | None, front: Any) -> None:
         self.name = name
         self.seq = seq
-        self.mark = mark
+        self.front = front  # the subscription's SubFront: it holds the mark (native contains)
+        self.front.mark = mark
         self.skip: set[tuple[int, int]] = set()
         self.private: list[tuple[int, int, int]] = []  # heap of (time, ledger, entry)
         self.received = 0
         self.lateness = Lateness()  # of what this subscription polled
+
+    @property
+    def mark(self) -> tuple[int, int] | None:
+        """The mark-delete position, or None (kept in the front)."""
+        return self.front.mark  # type: ignore[no-any-return]
+
+    @mark.setter
+    def mark(self, value: tuple[int, int] | None) -> None:
+        self.front.mark = value
 
     def acked(self, ledger: int, entry: int) -> bool:
         return self.mark is not None and (ledger, entry) <= self.mark
@@ -57,6 +67,7 @@ class Subscription:
         self._shared = shared
         self._name = name
         self._detached = False
+        self._front = shared._subs[name].front  # kept across clear(): see _new_state
 
     @property
     def name(self) -> str:
@@ -93,10 +104,13 @@ class Subscription:
 
     def contains(self, ledger_id: int, entry_id: int) -> bool:
         """Whether this subscription still has to receive the position."""
-        with self._shared._lock:
-            if self._shared.closed or self._detached:
-                return False
-            return self._shared._contains(self._state(), ledger_id, entry_id)
+        # One native call (the shared lock, the mark, the topic index's front) unless the
+        # position is held: then the shared index's _contains answers, lock held.
+        try:
+            return self._front.contains(ledger_id, entry_id)  # type: ignore[no-any-return]
+        except (TypeError, OverflowError):
+            _diagnose(ledger_id=ledger_id, entry_id=entry_id)
+            raise
 
     def __contains__(self, position: object) -> bool:
         """``(ledger_id, entry_id) in subscription``."""
