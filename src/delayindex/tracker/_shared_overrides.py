@@ -51,6 +51,7 @@ class SharedOverridesMixin:
     _subs: dict[str, _SubState]
     _private_count: dict[tuple[int, int], int]
     _closed: bool
+    _front: Any  # the shared index's SharedFront (is_held)
 
     if TYPE_CHECKING:  # provided by SharedDelayIndex
 
@@ -68,6 +69,13 @@ class SharedOverridesMixin:
     def cancel(self, ledger_id: int, entry_id: int) -> bool:
         """Cancel a position for every subscription (as :meth:`DelayIndex.cancel`): True if
         some subscription still had it to receive."""
+        if not self._closed:
+            # The usual case without the shared lock: the topic index tracked it, or nothing
+            # holds it (a position the topic index does not track only becomes held through
+            # the topic index: a later add and poll, after this call in any order).
+            done = self._topic.cancel(ledger_id, entry_id)  # validates first
+            if done or not self._front.is_held(ledger_id, entry_id):
+                return done
         with self._lock:
             self._check_open()
             _diagnose(ledger_id=ledger_id, entry_id=entry_id)

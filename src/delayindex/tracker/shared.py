@@ -204,7 +204,7 @@ class SharedDelayIndex(SharedOverridesMixin):
         # One native call under the topic index's lock (see SharedFront), unless the position
         # is held (the due log or a private heap has it) or the index closed: then _add_slow.
         try:
-            return self._front.add(ledger_id, entry_id, deliver_at)
+            return self._front.add(ledger_id, entry_id, deliver_at)  # type: ignore[no-any-return]
         except (TypeError, OverflowError):
             _diagnose(ledger_id=ledger_id, entry_id=entry_id, deliver_at=deliver_at)
             self._topic._now()
