@@ -181,7 +181,7 @@ def test_contains(
     assert hits == len(delayed)
 
 
-def testadd_inline_baseline(benchmark: Any, delayed: Any, size_id: str) -> None:
+def test_add_inline_baseline(benchmark: Any, delayed: Any, size_id: str) -> None:
     kind = "heapq-inline"
     record(benchmark, f"tracker-add-{size_id}", kind, size=len(delayed))
     columns = (delayed.ledger_list, delayed.entry_list, delayed.deliver_list)
@@ -193,7 +193,7 @@ def testadd_inline_baseline(benchmark: Any, delayed: Any, size_id: str) -> None:
     assert len(heap) == len(positions) == len(delayed)
 
 
-def testcontains_inline_baseline(benchmark: Any, delayed: Any, size_id: str) -> None:
+def test_contains_inline_baseline(benchmark: Any, delayed: Any, size_id: str) -> None:
     kind = "heapq-inline"
     record(benchmark, f"tracker-contains-{size_id}", kind, size=len(delayed))
     positions = set(zip(delayed.ledger_list, delayed.entry_list, strict=True))
