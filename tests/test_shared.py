@@ -200,6 +200,13 @@ def test_bad_names_and_closed_views() -> None:
         shared.subscribe("x" * 1000)
     assert shared.subscriptions() == []  # nothing half-made
     a = shared.subscribe("a")
+    # Bad positions are named, by the front's diagnose hook (no Python frame around it).
+    for ledger, entry, match in ((True, 1, "ledger_id"), (1, 1.5, "entry_id"),
+                                 (2**64, 1, "ledger_id"), (1, -1, "entry_id")):  # fmt: skip
+        with pytest.raises((TypeError, ValueError), match=match):
+            a.contains(ledger, entry)
+        with pytest.raises((TypeError, ValueError), match=match):
+            shared.add(ledger, entry, T0 + 10)
     shared.close()
     assert len(a) == 0 and not a.contains(1, 1) and a.next_delivery_time() is None
     with pytest.raises(TrackerClosedError):

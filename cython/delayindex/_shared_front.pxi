@@ -93,17 +93,19 @@ cdef class SharedFront:
 @cython.final
 cdef class SubFront:
     """A subscription's hot calls: ``SubFront(shared_front)``. ``slow_contains(ledger, entry)``
-    answers for a held position (no lock held); without it the topic index answers."""
+    answers for a held position (no lock held); without it the topic index answers. The
+    subscription binds ``contains`` as its own (no Python frame per call)."""
 
     cdef SharedFront shared
     cdef public object slow_contains
+    cdef public object diagnose  # diagnose(ledger, entry): raises the clearer error of a bad id
     cdef public bint detached
     cdef bint _marked
     cdef int64_t _mark_ledger, _mark_entry
 
     def __cinit__(self, SharedFront shared not None):
         self.shared = shared
-        self.slow_contains = None
+        self.slow_contains = self.diagnose = None
         self.detached = False
         self._marked = False
         self._mark_ledger = self._mark_entry = 0
@@ -127,12 +129,18 @@ cdef class SubFront:
     def contains(self, ledger, entry) -> bool:
         """Whether the subscription still has to receive the position: False when closed,
         detached or acknowledged; else the topic index's answer, unless the position is held
-        (then ``slow_contains``)."""
-        cdef int64_t c_ledger = as_i64(ledger)
-        cdef int64_t c_entry = as_i64(entry)
+        (then ``slow_contains``). A bad id raises; ``diagnose`` may name it first."""
+        cdef int64_t c_ledger, c_entry
         cdef SharedFront shared = self.shared
         cdef Front topic = shared.topic
         cdef bint found = False, slow = False
+        try:
+            c_ledger = as_i64(ledger)
+            c_entry = as_i64(entry)
+        except (TypeError, OverflowError):
+            if self.diagnose is not None:
+                self.diagnose(ledger, entry)
+            raise
         check_ids(c_ledger, c_entry)
         if shared.closed or self.detached:
             return False

@@ -215,6 +215,7 @@ class SharedFront:
 
 class SubFront:
     slow_contains: Callable[[int, int], bool] | None
+    diagnose: Callable[[object, object], object] | None
     detached: bool
     mark: tuple[int, int] | None
     def __init__(self, shared: SharedFront) -> None: ...

@@ -218,15 +218,17 @@ class SharedFront:
 
 class SubFront:
     """A subscription's hot calls: ``SubFront(shared_front)``. ``slow_contains(ledger, entry)``
-    answers for a held position (no lock held); without it the topic index answers."""
+    answers for a held position (no lock held); without it the topic index answers. The
+    subscription binds ``contains`` as its own (no Python frame per call)."""
 
-    __slots__ = ("_mark", "detached", "shared", "slow_contains")
+    __slots__ = ("_mark", "detached", "diagnose", "shared", "slow_contains")
 
     def __init__(self, shared: SharedFront) -> None:
         if shared is None:
             raise TypeError("shared must not be None")
         self.shared = shared
         self.slow_contains: Callable[[int, int], bool] | None = None
+        self.diagnose: Callable[[object, object], object] | None = None
         self.detached = False
         self._mark: tuple[int, int] | None = None
 
@@ -246,8 +248,13 @@ class SubFront:
     def contains(self, ledger: int, entry: int) -> bool:
         """Whether the subscription still has to receive the position: False when closed,
         detached or acknowledged; else the topic index's answer, unless the position is held
-        (then ``slow_contains``)."""
-        c_ledger, c_entry = as_i64(ledger), as_i64(entry)
+        (then ``slow_contains``). A bad id raises; ``diagnose`` may name it first."""
+        try:
+            c_ledger, c_entry = as_i64(ledger), as_i64(entry)
+        except (TypeError, OverflowError):
+            if self.diagnose is not None:
+                self.diagnose(ledger, entry)
+            raise
         check_ids(c_ledger, c_entry)
         shared = self.shared
         if shared.closed or self.detached:
