@@ -459,11 +459,14 @@ class SharedDelayIndex(SharedOverridesMixin):
     def _tracked_entries(self, state: _SubState, ledger: int, first: int, last: int) -> BitMap:
         out = BitMap(self._topic.tracked_entries(ledger, first, last))
         seq = state.seq
-        if seq <= self._log.start and self._log.spilled_keys:
+        # The usual read batch is of a ledger the log does not hold (two bitmap probes), so
+        # the scan of the log's keys is skipped.
+        in_log = self._log.memory.ledger_count(ledger) or self._log.spilled.ledger_count(ledger)
+        if in_log and seq <= self._log.start and self._log.spilled_keys:
             # The slowest reader has every spilled key still to read: the bitmap says which.
             out |= BitMap(self._log.spilled.bitmap(ledger, first, last))
             seq = self._log.spill_start
-        for _, _, ledgers, entries in self._log.columns_from(seq):
+        for _, _, ledgers, entries in self._log.columns_from(seq) if in_log else ():
             hit = (ledgers == ledger) & (entries >= first) & (entries <= last)
             if hit.any():
                 out.update(entries[hit].tolist())
