@@ -540,15 +540,31 @@ def test_close_and_context_manager(make: Factory, clock: ManualClock) -> None:
 
 def test_contains_validation(make: Factory) -> None:
     tracker = make()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="ledger_id"):
         tracker.contains(-1, 0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="entry_id"):
         tracker.contains(0, 2**32)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="ledger_id"):
         tracker.contains(0.5, 0)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="ledger_id"):
         tracker.contains(True, 0)
+    with pytest.raises(TypeError, match="entry_id"):
+        tracker.contains(0, "1")
+    with pytest.raises((ValueError, OverflowError), match="ledger_id"):
+        tracker.contains(2**64, 0)
     assert (1, 1) not in tracker
+
+
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [((True, 0, T0 + 5000), "ledger_id"), ((1, 0.5, T0 + 5000), "entry_id"),
+     ((1, 0, "soon"), "deliver_at"), ((2**64, 0, T0 + 5000), "ledger_id"),
+     ((1, 0, 2**64), "deliver_at")],
+)  # fmt: skip
+def test_bad_add_names_the_argument(make: Factory, args: tuple[Any, ...], name: str) -> None:
+    """The front converts the arguments natively; its diagnose hook names the bad one."""
+    with pytest.raises((TypeError, ValueError, OverflowError), match=name):
+        make().add(*args)
 
 
 def test_bad_clock_value_raises_type_error() -> None:

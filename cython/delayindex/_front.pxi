@@ -46,6 +46,9 @@ cdef class Front:
     cdef public object check_open   # called (lock held) before a poll; raises when closed
     cdef public object load         # load(source_id, now), lock held: a placeholder came due
     cdef public object after_poll   # after_poll(now), lock held: replaces the timer re-arm
+    cdef public object diagnose     # diagnose(*args) on a TypeError/OverflowError of add or
+    #                                 contains: raises the clearer error (the trackers bind
+    #                                 these two methods as their own: no Python frame per call)
     cdef public bint closed
 
     def __cinit__(self, object lock, object clock, object core):
@@ -56,7 +59,7 @@ cdef class Front:
         self._clock = clock
         self._wall = clock is wall_clock_ms
         self.arming = self.seal = self.restore = self.queued = self.submit = None
-        self.check_open = self.load = self.after_poll = None
+        self.check_open = self.load = self.after_poll = self.diagnose = None
         self.closed = False
         self.core = core
 
@@ -88,12 +91,18 @@ cdef class Front:
 
     def add(self, ledger, entry, deliver_at) -> bool:
         """``core.add`` at the clock's now, under the lock; True unless it is to be delivered
-        now. Bad arguments raise before anything happens."""
-        cdef int64_t c_ledger = as_i64(ledger)
-        cdef int64_t c_entry = as_i64(entry)
-        cdef int64_t c_time = as_i64(deliver_at)
-        check_ids(c_ledger, c_entry)
-        return self.cadd(ledger, entry, deliver_at, c_ledger, c_entry, c_time)
+        now. Bad arguments raise before anything happens (``diagnose`` may name them)."""
+        cdef int64_t c_ledger, c_entry, c_time
+        try:
+            c_ledger = as_i64(ledger)
+            c_entry = as_i64(entry)
+            c_time = as_i64(deliver_at)
+            check_ids(c_ledger, c_entry)
+            return self.cadd(ledger, entry, deliver_at, c_ledger, c_entry, c_time)
+        except (TypeError, OverflowError):  # a bad argument, or a bad clock value
+            if self.diagnose is not None:
+                self.diagnose(ledger, entry, deliver_at)
+            raise
 
     cdef bint cadd(self, object ledger, object entry, object deliver_at, int64_t c_ledger,
                    int64_t c_entry, int64_t c_time) except -1:
@@ -133,9 +142,15 @@ cdef class Front:
         return 0
 
     def contains(self, ledger, entry) -> bool:
-        """``core.contains`` under the lock."""
-        cdef int64_t c_ledger = as_i64(ledger)
-        cdef int64_t c_entry = as_i64(entry)
+        """``core.contains`` under the lock (``diagnose`` may name a bad argument)."""
+        cdef int64_t c_ledger, c_entry
+        try:
+            c_ledger = as_i64(ledger)
+            c_entry = as_i64(entry)
+        except (TypeError, OverflowError):
+            if self.diagnose is not None:
+                self.diagnose(ledger, entry)
+            raise
         check_ids(c_ledger, c_entry)
         return self.ccontains(ledger, entry, c_ledger, c_entry)
 

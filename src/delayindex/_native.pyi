@@ -190,6 +190,7 @@ class Front:
     check_open: Callable[[], object] | None
     load: Callable[[int, int], object] | None
     after_poll: Callable[[int], object] | None
+    diagnose: Callable[..., object] | None
     closed: bool
     def __init__(self, lock: Any, clock: Callable[[], int], core: Any) -> None: ...
     def add(self, ledger: int, entry: int, deliver_at: int) -> bool: ...

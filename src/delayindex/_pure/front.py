@@ -47,6 +47,7 @@ class Front:
         "check_open",
         "closed",
         "core",
+        "diagnose",
         "load",
         "queued",
         "restore",
@@ -68,15 +69,21 @@ class Front:
         self.check_open: Callable[[], object] | None = None
         self.load: Callable[[int, int], object] | None = None
         self.after_poll: Callable[[int], object] | None = None
+        self.diagnose: Callable[..., object] | None = None
         self.closed = False
 
     def add(self, ledger: int, entry: int, deliver_at: int) -> bool:
         """``core.add`` at the clock's now, under the lock; True unless it is to be delivered
-        now. Bad arguments raise before anything happens."""
-        c_ledger, c_entry, time = as_i64(ledger), as_i64(entry), as_i64(deliver_at)
-        check_ids(c_ledger, c_entry)
-        with self._lock:
-            code = self._add_locked(ledger, entry, deliver_at, time)
+        now. Bad arguments raise before anything happens (``diagnose`` may name them)."""
+        try:
+            c_ledger, c_entry, time = as_i64(ledger), as_i64(entry), as_i64(deliver_at)
+            check_ids(c_ledger, c_entry)
+            with self._lock:
+                code = self._add_locked(ledger, entry, deliver_at, time)
+        except (TypeError, OverflowError):  # a bad argument, or a bad clock value
+            if self.diagnose is not None:
+                self.diagnose(ledger, entry, deliver_at)
+            raise
         if self.queued and self.submit is not None:
             self.submit()
         return bool(code != ADD_DELIVER)
@@ -101,8 +108,14 @@ class Front:
         return code
 
     def contains(self, ledger: int, entry: int) -> bool:
-        """``core.contains`` under the lock."""
-        check_ids(as_i64(ledger), as_i64(entry))
+        """``core.contains`` under the lock (``diagnose`` may name a bad argument)."""
+        try:
+            c_ledger, c_entry = as_i64(ledger), as_i64(entry)
+        except (TypeError, OverflowError):
+            if self.diagnose is not None:
+                self.diagnose(ledger, entry)
+            raise
+        check_ids(c_ledger, c_entry)
         with self._lock:
             return not self.closed and bool(self.core.contains(ledger, entry))
 

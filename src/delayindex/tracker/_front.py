@@ -13,6 +13,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
 
+from delayindex import _impl
 from delayindex._ints import as_count
 from delayindex.clock import Clock
 from delayindex.config import TrackerConfig
@@ -31,6 +32,7 @@ class TrackerFront(ABC):
     _arming: ArmingRule | None
     _on_ready: Callable[[], object] | None
     _closed: bool
+    _front: _impl.Front  # the native (or pure) Front; see _bind_front
 
     @abstractmethod
     def contains(self, ledger_id: int, entry_id: int) -> bool:
@@ -39,6 +41,24 @@ class TrackerFront(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release the tracker."""
+
+    def _bind_front(self) -> None:
+        """Make the front's ``add`` and ``contains`` this tracker's own: no Python frame per
+        call. The methods below document them; a bad argument or clock value is named by
+        :meth:`_diagnose_call`, the front's ``diagnose`` hook."""
+        front = self._front
+        front.diagnose = self._diagnose_call
+        # Instance attributes shadow the class's methods (which keep the docs and types).
+        vars(self).update(add=front.add, contains=front.contains)
+
+    def _diagnose_call(self, *args: object) -> None:
+        """Raise the clear error of a bad ``(ledger_id, entry_id[, deliver_at])`` call, or of
+        a bad clock value for an add (the front re-raises its own error otherwise)."""
+        from delayindex.tracker.in_memory import _diagnose  # in_memory imports this module
+
+        _diagnose(**dict(zip(("ledger_id", "entry_id", "deliver_at"), args, strict=False)))
+        if len(args) == 3:
+            self._now()
 
     def _now(self) -> int:
         now = self._clock()

@@ -183,6 +183,7 @@ class DelayIndex(
         self._front.check_open = self._check_open
         self._front.load = self._load
         self._front.after_poll = self._after_take
+        self._bind_front()
         self._flushing = 0
         self._deferred_creates: list[_PendingCreate] = []
         self._deferred_deletes: list[str] = []
@@ -359,15 +360,11 @@ class DelayIndex(
             ValueError: an id is out of range. TypeError: an argument is not an int.
             TrackerClosedError: the index is closed.
         """
-        # The hot path is one call into the front: lock, clock read, core call; it seals when
-        # the core asks to (then adds again), re-arms the timer, and submits queued jobs once
-        # the lock is released. A closed index has a core whose add raises TrackerClosedError.
-        try:
-            return self._front.add(ledger_id, entry_id, deliver_at)  # type: ignore[no-any-return]
-        except (TypeError, OverflowError):
-            _diagnose(ledger_id=ledger_id, entry_id=entry_id, deliver_at=deliver_at)
-            self._now()
-            raise
+        # Each instance calls the front's add directly (_bind_front): lock, clock read, core
+        # call; it seals when the core asks to (then adds again), re-arms the timer, and
+        # submits queued jobs once the lock is released. A closed index has a core whose add
+        # raises TrackerClosedError.
+        return self._front.add(ledger_id, entry_id, deliver_at)  # type: ignore[no-any-return]
 
     def add_many(
         self, ledger_ids: object, entry_ids: object, deliver_ats: object
@@ -499,11 +496,9 @@ class DelayIndex(
 
     def contains(self, ledger_id: int, entry_id: int) -> bool:
         """Whether the position is tracked and not yet delivered. Safe from other threads."""
-        try:  # a closed index's core tracks nothing
-            return self._front.contains(ledger_id, entry_id)  # type: ignore[no-any-return]
-        except (TypeError, OverflowError):
-            _diagnose(ledger_id=ledger_id, entry_id=entry_id)
-            raise
+        # Each instance calls the front's contains directly (_bind_front); a closed index's
+        # core tracks nothing.
+        return self._front.contains(ledger_id, entry_id)  # type: ignore[no-any-return]
 
     def __len__(self) -> int:
         """Number of tracked, undelivered positions (exact)."""

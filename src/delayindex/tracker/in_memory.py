@@ -77,6 +77,7 @@ class InMemoryTracker(TrackerFront):
         self._arming = ArmingRule(timer, self._on_timer) if timer is not None else None
         self._front = _impl.Front(self._lock, self._clock, self._core)
         self._front.arming = self._arming
+        self._bind_front()
         self._on_ready = on_ready
         self._closed = False
         _registry.enroll(self)
@@ -98,13 +99,9 @@ class InMemoryTracker(TrackerFront):
                 ``0 <= entry_id < 2**32``) or ``deliver_at`` does not fit int64.
             TypeError: an argument is not an int.
         """
-        # The hot path is one call into the front (lock, clock, core, timer re-arm).
-        try:
-            return self._front.add(ledger_id, entry_id, deliver_at)
-        except (TypeError, OverflowError):
-            _diagnose(ledger_id=ledger_id, entry_id=entry_id, deliver_at=deliver_at)
-            self._now()  # names a bad clock value
-            raise
+        # Each instance calls the front's add directly (_bind_front): lock, clock, core, timer
+        # re-arm in one native call.
+        return self._front.add(ledger_id, entry_id, deliver_at)
 
     def add_many(
         self, ledger_ids: object, entry_ids: object, deliver_ats: object
@@ -248,11 +245,8 @@ class InMemoryTracker(TrackerFront):
 
     def contains(self, ledger_id: int, entry_id: int) -> bool:
         """Whether the position is tracked and not yet delivered. Safe from other threads."""
-        try:
-            return self._front.contains(ledger_id, entry_id)
-        except (TypeError, OverflowError):
-            _diagnose(ledger_id=ledger_id, entry_id=entry_id)
-            raise
+        # Each instance calls the front's contains directly (_bind_front).
+        return self._front.contains(ledger_id, entry_id)
 
     def __len__(self) -> int:
         """Number of tracked, undelivered positions (exact)."""
