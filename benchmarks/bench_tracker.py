@@ -40,6 +40,10 @@ The per-call ``add`` and ``contains`` groups also time the *inline* heapq + set 
 ``heapq-inline``): the same loop with the dedup and the push (or the membership test) written
 in its body, with no call, lock or clock per message: what a dispatcher would write without a
 tracker, and the bar of the per-call front (issue 18: ``add`` >= 1.5x, ``contains`` >= 1.2x).
+``front-interleaved-<n>`` measures that bar where single rows are too noisy: every tracker's
+``add`` and ``contains`` and the inline loops, interleaved round by round in one fresh process
+(``percall_probe.py``); the ratios are in ``extra_info["vs_inline"]`` (the row's time is the
+probe's run, not gated).
 
 Every timed loop is the same plain ``for`` loop over pre-converted Python lists for every
 tracker. Run::
@@ -63,6 +67,7 @@ from support import (
     record,
     record_rate,
     rounds_for,
+    run_probe,
     slowed,
 )
 
@@ -238,3 +243,25 @@ def test_tracked_entries(
     )
     record_rate(benchmark, len(delayed))
     assert found == len(delayed)
+
+
+PERCALL_PROBE = "import runpy; runpy.run_module('percall_probe', run_name='__main__')"
+#: Rounds of each loop in the interleaved probe.
+PERCALL_ROUNDS = 7
+
+
+def test_per_call_interleaved(benchmark: Any, size: int, size_id: str) -> None:
+    """The bar of the per-call fronts, trustworthy on a noisy machine: ``add`` and
+    ``contains`` of every tracker against the inline loop, interleaved round by round in one
+    fresh process (``percall_probe.py``; at most 1e6 messages, the probe times 21 fresh fills).
+    The time is the probe's run; the figures are ``extra_info["vs_inline"]``."""
+    n = min(size, 1_000_000)
+    record(benchmark, f"front-interleaved-{size_id}", None,
+           "per-call add/contains of each tracker over the inline loop, interleaved", size=n,
+           ungated="a probe's run; its figures are the ratios in vs_inline")  # fmt: skip
+    result = benchmark.pedantic(
+        run_probe, args=(PERCALL_PROBE, [str(n), str(PERCALL_ROUNDS)]), rounds=1, iterations=1
+    )
+    benchmark.extra_info["vs_inline"] = result["vs_inline"]
+    benchmark.extra_info["best_ms"] = result["best_ms"]
+    assert result["n"] == n and all(ratio > 0 for ratio in result["vs_inline"].values())

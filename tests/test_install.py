@@ -203,6 +203,7 @@ def test_native_public_names_exist_in_the_pure_world() -> None:
         "Front": "PureFront",
         "SharedFront": "PureSharedFront",
         "SubFront": "PureSubFront",
+        "Lock": "PureLock",
         "BinIndex": "PureBinIndex",
         "wall_clock_ms": "pure_wall_clock_ms",
         "sorted_positions": "pure_sorted_positions",

@@ -35,6 +35,7 @@ cdef class Front:
     """
 
     cdef object _acquire, _release, _clock, _core   # the bound methods keep the lock
+    cdef Lock _nlock   # the lock when it is a native Lock (taken from C), else None
     cdef bint _wall
     cdef TrackerCore tcore
     cdef BucketCore bcore
@@ -56,6 +57,7 @@ cdef class Front:
             raise TypeError("clock must be callable")
         self._acquire = lock.acquire
         self._release = lock.release
+        self._nlock = lock if type(lock) is Lock else None
         self._clock = clock
         self._wall = clock is wall_clock_ms
         self.arming = self.seal = self.restore = self.queued = self.submit = None
@@ -73,6 +75,21 @@ cdef class Front:
         self._core = value
         self.tcore = value if type(value) is TrackerCore else None
         self.bcore = value if type(value) is BucketCore else None
+
+    cdef inline int take(self) except -1:
+        # Acquire the tracker's lock: from C for a native Lock, else its bound method.
+        if self._nlock is not None:
+            return self._nlock.cacquire()
+        self._acquire()
+        return 0
+
+    cdef inline int give(self) except -1:
+        # Release the tracker's lock (held by the caller).
+        if self._nlock is not None:
+            self._nlock.crelease()
+            return 0
+        self._release()
+        return 0
 
     cdef inline int64_t now(self) except? -1:
         cdef timespec ts
@@ -108,11 +125,11 @@ cdef class Front:
                    int64_t c_entry, int64_t c_time) except -1:
         # ``add`` with the arguments converted and checked.
         cdef int code
-        self._acquire()
+        self.take()
         try:
             code = self.add_locked(ledger, entry, deliver_at, c_ledger, c_entry, c_time)
         finally:
-            self._release()
+            self.give()
         self.after_call()
         return code != ADD_DELIVER_
 
@@ -158,11 +175,11 @@ cdef class Front:
                         int64_t c_entry) except -1:
         # ``contains`` with the arguments converted and checked.
         cdef bint found
-        self._acquire()
+        self.take()
         try:
             found = self.contains_locked(ledger, entry, c_ledger, c_entry)
         finally:
-            self._release()
+            self.give()
         return found
 
     cdef bint contains_locked(self, object ledger, object entry, int64_t c_ledger,
@@ -182,7 +199,7 @@ cdef class Front:
         cdef int64_t c_entry = as_i64(entry)
         cdef bint done
         check_ids(c_ledger, c_entry)
-        self._acquire()
+        self.take()
         try:
             if self.bcore is not None:
                 done = self.bcore.ccancel(c_ledger, c_entry)
@@ -191,7 +208,7 @@ cdef class Front:
             else:
                 done = self._core.cancel(ledger, entry)
         finally:
-            self._release()
+            self.give()
         return done
 
     def poll(self, int64_t max_messages) -> list:
@@ -202,7 +219,7 @@ cdef class Front:
         cdef object core
         if max_messages <= 0:
             max_messages = 0
-        self._acquire()
+        self.take()
         try:
             if self.check_open is not None:
                 self.check_open()
@@ -220,7 +237,7 @@ cdef class Front:
             elif self.arming is not None:
                 self.arming.update(core.next_time(), now, core.tick_ms)
         finally:
-            self._release()
+            self.give()
         self.after_call()
         return out
 
@@ -234,11 +251,11 @@ cdef class Front:
         check_ids(c_ledger, c_last)
         if c_last < c_first:
             return BitMap()
-        self._acquire()
+        self.take()
         try:
             bm = None if self.closed else self._core.index_bitmap(c_ledger, c_first, c_last)
         finally:
-            self._release()
+            self.give()
         return BitMap() if bm is None else bm
 
     def _check(self) -> None:

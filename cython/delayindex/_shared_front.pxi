@@ -36,6 +36,7 @@ cdef class SharedFront:
     cdef LedgerIndex log_memory, log_spilled
     cdef dict private_count
     cdef public object slow_add
+    cdef public object diagnose  # diagnose(ledger, entry, deliver_at): names a bad argument
     cdef public bint closed
 
     def __cinit__(self, Front topic_front not None, LedgerIndex log_memory not None,
@@ -44,7 +45,7 @@ cdef class SharedFront:
         self.log_memory = log_memory
         self.log_spilled = log_spilled
         self.private_count = private_count
-        self.slow_add = None
+        self.slow_add = self.diagnose = None
         self.closed = False
 
     cdef inline bint held(self, object ledger, object entry, int64_t c_ledger,
@@ -58,7 +59,15 @@ cdef class SharedFront:
     def add(self, ledger, entry, deliver_at) -> bool:
         """The topic index's add under its lock, unless the position is held or the shared
         index closed (then ``slow_add``); True unless it is to be delivered now. Bad arguments
-        raise first."""
+        raise first (``diagnose`` may name them)."""
+        try:
+            return self.cadd(ledger, entry, deliver_at)
+        except (TypeError, OverflowError):  # a bad argument, or a bad clock value
+            if self.diagnose is not None:
+                self.diagnose(ledger, entry, deliver_at)
+            raise
+
+    cdef bint cadd(self, object ledger, object entry, object deliver_at) except -1:
         cdef int64_t c_ledger = as_i64(ledger)
         cdef int64_t c_entry = as_i64(entry)
         cdef int64_t c_time = as_i64(deliver_at)
@@ -67,13 +76,13 @@ cdef class SharedFront:
         cdef int code = ADD_DELIVER_
         check_ids(c_ledger, c_entry)
         if not slow:
-            topic._acquire()
+            topic.take()
             try:
                 slow = self.slow_add is not None and self.held(ledger, entry, c_ledger, c_entry)
                 if not slow:
                     code = topic.add_locked(ledger, entry, deliver_at, c_ledger, c_entry, c_time)
             finally:
-                topic._release()
+                topic.give()
         if slow:
             return self.slow_add(ledger, entry, deliver_at)
         topic.after_call()
@@ -149,14 +158,14 @@ cdef class SubFront:
             or (c_ledger == self._mark_ledger and c_entry <= self._mark_entry)
         ):
             return False
-        topic._acquire()
+        topic.take()
         try:
             slow = (self.slow_contains is not None
                     and shared.held(ledger, entry, c_ledger, c_entry))
             if not slow:
                 found = topic.contains_locked(ledger, entry, c_ledger, c_entry)
         finally:
-            topic._release()
+            topic.give()
         if slow:
             return self.slow_contains(ledger, entry)
         return found

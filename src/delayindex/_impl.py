@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
 import warnings
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -38,6 +39,8 @@ PureBucketCore = _pure_bucket.BucketCore
 PureLedgerIndex = _pure_index.LedgerIndex
 PureFront = _pure_front.Front
 PureSharedFront = _pure_front.SharedFront
+#: The pure twin of the native Lock is the lock it stands for.
+PureLock = threading.Lock
 PureSubFront = _pure_front.SubFront
 pure_wall_clock_ms = _pure_clock.wall_clock_ms
 pure_sorted_positions = _pure_heap.sorted_positions
@@ -85,6 +88,8 @@ def _load() -> tuple[ModuleType | None, str]:
 
 
 if TYPE_CHECKING:
+    from threading import Lock
+
     from delayindex._pure.bins import BinIndex
     from delayindex._pure.bucket import BucketCore
     from delayindex._pure.codec import (
@@ -117,6 +122,7 @@ else:
         BucketCore = _module.BucketCore
         LedgerIndex = _module.LedgerIndex
         Front = _module.Front
+        Lock = _module.Lock
         SharedFront = _module.SharedFront
         SubFront = _module.SubFront
         wall_clock_ms = _module.wall_clock_ms
@@ -128,6 +134,7 @@ else:
         BucketCore = PureBucketCore
         LedgerIndex = PureLedgerIndex
         Front = PureFront
+        Lock = PureLock
         SharedFront = PureSharedFront
         SubFront = PureSubFront
         wall_clock_ms = pure_wall_clock_ms
@@ -156,10 +163,12 @@ __all__ = [
     "BucketCore",
     "Front",
     "LedgerIndex",
+    "Lock",
     "PureBinIndex",
     "PureBucketCore",
     "PureFront",
     "PureLedgerIndex",
+    "PureLock",
     "PureSharedFront",
     "PureSubFront",
     "NATIVE",

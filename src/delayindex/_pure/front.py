@@ -171,7 +171,8 @@ class SharedFront:
     it every add goes to the topic index.
     """
 
-    __slots__ = ("closed", "log_memory", "log_spilled", "private_count", "slow_add", "topic")
+    __slots__ = ("closed", "diagnose", "log_memory", "log_spilled", "private_count", "slow_add",
+                 "topic")  # fmt: skip
 
     def __init__(
         self,
@@ -189,6 +190,7 @@ class SharedFront:
         self.log_spilled = log_spilled
         self.private_count = private_count
         self.slow_add: Callable[[int, int, int], bool] | None = None
+        self.diagnose: Callable[[object, object, object], object] | None = None
         self.closed = False
 
     def _held(self, ledger: int, entry: int) -> bool:
@@ -201,7 +203,15 @@ class SharedFront:
     def add(self, ledger: int, entry: int, deliver_at: int) -> bool:
         """The topic index's add under its lock, unless the position is held or the shared
         index closed (then ``slow_add``); True unless it is to be delivered now. Bad arguments
-        raise first."""
+        raise first (``diagnose`` may name them)."""
+        try:
+            return self._add(ledger, entry, deliver_at)
+        except (TypeError, OverflowError):  # a bad argument, or a bad clock value
+            if self.diagnose is not None:
+                self.diagnose(ledger, entry, deliver_at)
+            raise
+
+    def _add(self, ledger: int, entry: int, deliver_at: int) -> bool:
         c_ledger, c_entry, time = as_i64(ledger), as_i64(entry), as_i64(deliver_at)
         check_ids(c_ledger, c_entry)
         topic = self.topic

@@ -144,7 +144,7 @@ class DelayIndex(
         self._name: str = _catalog.name
         self._clock: Clock = kwargs["clock"]
         self._core: Any = _impl.BucketCore(**config.bucket_core_settings())
-        self._lock = threading.Lock()
+        self._lock = _impl.Lock()  # the native fronts take it from C
         timer: Timer | None = kwargs["timer"]
         self._arming = ArmingRule(timer, self._on_timer) if timer is not None else None
         self._on_ready: Callable[[], object] | None = kwargs["on_ready"]

@@ -14,7 +14,6 @@ held, so it may call back into the tracker.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -73,7 +72,7 @@ class InMemoryTracker(TrackerFront):
         self._config = config
         self._clock: Clock = clock if clock is not None else _impl.wall_clock_ms
         self._core: Any = _impl.TrackerCore(**config.core_settings())
-        self._lock = threading.Lock()
+        self._lock = _impl.Lock()  # the native fronts take it from C
         self._arming = ArmingRule(timer, self._on_timer) if timer is not None else None
         self._front = _impl.Front(self._lock, self._clock, self._core)
         self._front.arming = self._arming

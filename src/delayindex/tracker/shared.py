@@ -87,6 +87,9 @@ class SharedDelayIndex(SharedOverridesMixin):
             topic._front, self._log.memory, self._log.spilled, self._private_count
         )
         self._front.slow_add = self._add_slow
+        self._front.diagnose = topic._diagnose_call  # names a bad argument or clock value
+        # The hot call is the front's own method (no Python frame); add() below documents it.
+        vars(self).update(add=self._front.add)
         self._last_batch: tuple[int, list[Position]] | None = None
         self._last_lateness: tuple[int, int, int, list[int], int] | None = None
 
@@ -202,14 +205,10 @@ class SharedDelayIndex(SharedOverridesMixin):
         Returns True when it is tracked (or acknowledged by every subscription), False when it
         is due now or not delayed: every subscription's dispatcher delivers it directly.
         """
-        # One native call under the topic index's lock (see SharedFront), unless the position
-        # is held (the due log or a private heap has it) or the index closed: then _add_slow.
-        try:
-            return self._front.add(ledger_id, entry_id, deliver_at)  # type: ignore[no-any-return]
-        except (TypeError, OverflowError):
-            _diagnose(ledger_id=ledger_id, entry_id=entry_id, deliver_at=deliver_at)
-            self._topic._now()
-            raise
+        # Replaced per instance by the front's add (see __init__): one native call under the
+        # topic index's lock, unless the position is held (the due log or a private heap has
+        # it) or the index closed: then _add_slow.
+        return self._front.add(ledger_id, entry_id, deliver_at)  # type: ignore[no-any-return]
 
     def _add_slow(self, ledger_id: int, entry_id: int, deliver_at: int) -> bool:
         """:meth:`add` under the shared lock (the front's hook: a held position, or closed)."""
