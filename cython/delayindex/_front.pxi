@@ -26,6 +26,20 @@ cdef int ADD_SEAL_FIRST_ = 3
 cdef int ADD_NEED_OVERRIDES_ = 6
 
 
+cdef int convert_position(object ledger, object entry, object diagnose, int64_t* c_ledger,
+                          int64_t* c_entry) except -1:
+    # A call's position as int64s, checked; a TypeError/OverflowError goes through
+    # ``diagnose(ledger, entry)`` first (a tracker's hook that names the bad argument).
+    try:
+        c_ledger[0] = as_i64(ledger)
+        c_entry[0] = as_i64(entry)
+    except (TypeError, OverflowError):
+        if diagnose is not None:
+            diagnose(ledger, entry)
+        raise
+    return check_ids(c_ledger[0], c_entry[0])
+
+
 @cython.final
 cdef class Front:
     """One native call per hot tracker call: lock, clock, core, hooks.
@@ -161,20 +175,8 @@ cdef class Front:
     def contains(self, ledger, entry) -> bool:
         """``core.contains`` under the lock (``diagnose`` may name a bad argument)."""
         cdef int64_t c_ledger, c_entry
-        try:
-            c_ledger = as_i64(ledger)
-            c_entry = as_i64(entry)
-        except (TypeError, OverflowError):
-            if self.diagnose is not None:
-                self.diagnose(ledger, entry)
-            raise
-        check_ids(c_ledger, c_entry)
-        return self.ccontains(ledger, entry, c_ledger, c_entry)
-
-    cdef bint ccontains(self, object ledger, object entry, int64_t c_ledger,
-                        int64_t c_entry) except -1:
-        # ``contains`` with the arguments converted and checked.
         cdef bint found
+        convert_position(ledger, entry, self.diagnose, &c_ledger, &c_entry)
         self.take()
         try:
             found = self.contains_locked(ledger, entry, c_ledger, c_entry)

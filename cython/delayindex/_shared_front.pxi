@@ -143,14 +143,7 @@ cdef class SubFront:
         cdef SharedFront shared = self.shared
         cdef Front topic = shared.topic
         cdef bint found = False, slow = False
-        try:
-            c_ledger = as_i64(ledger)
-            c_entry = as_i64(entry)
-        except (TypeError, OverflowError):
-            if self.diagnose is not None:
-                self.diagnose(ledger, entry)
-            raise
-        check_ids(c_ledger, c_entry)
+        convert_position(ledger, entry, self.diagnose, &c_ledger, &c_entry)
         if shared.closed or self.detached:
             return False
         if self._marked and (

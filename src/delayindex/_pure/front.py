@@ -32,6 +32,21 @@ from delayindex.model import (
 )
 
 
+def _position(
+    ledger: object, entry: object, diagnose: Callable[..., object] | None
+) -> tuple[int, int]:
+    """A call's position as checked ints; a TypeError/OverflowError goes through
+    ``diagnose(ledger, entry)`` first (a tracker's hook that names the bad argument)."""
+    try:
+        c_ledger, c_entry = as_i64(ledger), as_i64(entry)
+    except (TypeError, OverflowError):
+        if diagnose is not None:
+            diagnose(ledger, entry)
+        raise
+    check_ids(c_ledger, c_entry)
+    return c_ledger, c_entry
+
+
 class Front:
     """One call per hot tracker call: lock, clock, core, hooks.
 
@@ -109,13 +124,7 @@ class Front:
 
     def contains(self, ledger: int, entry: int) -> bool:
         """``core.contains`` under the lock (``diagnose`` may name a bad argument)."""
-        try:
-            c_ledger, c_entry = as_i64(ledger), as_i64(entry)
-        except (TypeError, OverflowError):
-            if self.diagnose is not None:
-                self.diagnose(ledger, entry)
-            raise
-        check_ids(c_ledger, c_entry)
+        _position(ledger, entry, self.diagnose)
         with self._lock:
             return not self.closed and bool(self.core.contains(ledger, entry))
 
@@ -272,13 +281,7 @@ class SubFront:
         """Whether the subscription still has to receive the position: False when closed,
         detached or acknowledged; else the topic index's answer, unless the position is held
         (then ``slow_contains``). A bad id raises; ``diagnose`` may name it first."""
-        try:
-            c_ledger, c_entry = as_i64(ledger), as_i64(entry)
-        except (TypeError, OverflowError):
-            if self.diagnose is not None:
-                self.diagnose(ledger, entry)
-            raise
-        check_ids(c_ledger, c_entry)
+        c_ledger, c_entry = _position(ledger, entry, self.diagnose)
         shared = self.shared
         if shared.closed or self.detached:
             return False
