@@ -180,7 +180,7 @@ class SharedDelayIndex(SharedOverridesMixin):
         else:
             front = _impl.SubFront(self._front)
             front.slow_contains = lambda ledger, entry: self._contains_slow(sub_name, ledger, entry)
-            front.diagnose = _diagnose_position
+            front.diagnose = self._topic._diagnose_call  # names a bad position
         return _SubState(sub_name, seq, mark, front)
 
     def _contains_slow(self, sub_name: str, ledger_id: int, entry_id: int) -> bool:
@@ -675,8 +675,3 @@ def _positions(ledgers: Int64Array, entries: Int64Array) -> list[Position]:
 
 
 _OPEN_TOKEN = object()
-
-
-def _diagnose_position(ledger_id: object, entry_id: object) -> None:
-    """Raise the clear error of a bad position (a SubFront's ``diagnose`` hook)."""
-    _diagnose(ledger_id=ledger_id, entry_id=entry_id)
