@@ -44,7 +44,7 @@ from delayindex._pure._bucket_overrides import NEED_OVERRIDES, BucketOverrides
 from delayindex._pure._bucket_queries import BucketQueries
 from delayindex._pure._ints import as_i64, check_ids
 from delayindex._pure._ticked import TickedCore
-from delayindex._pure.heap import TripleHeap, _int64_column
+from delayindex._pure.heap import TripleHeap, _int64_column, triple_columns
 from delayindex._pure.index import LedgerIndex
 from delayindex.model import (
     ADD_ACKED,
@@ -424,9 +424,7 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
             while i < len(src.times) and (src.times[i], src.ledgers[i], src.entries[i]) <= last:
                 kept.append((src.times[i], src.ledgers[i], src.entries[i]))
                 i += 1
-        cols = [np.array(c, dtype=np.int64) for c in zip(*kept, strict=True)] if kept else [
-            np.empty(0, dtype=np.int64)] * 3  # fmt: skip
-        self.set_source(sid, cols[0], cols[1], cols[2], next_time)
+        self.set_source(sid, *triple_columns(kept), next_time)
         return len(kept)
 
     # -- segment sources --------------------------------------------------------------------
