@@ -8,7 +8,6 @@ into concatenated arrays sorted by ``(time, ledger, entry)``. Malformed input ra
 from __future__ import annotations
 
 import array
-import itertools
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +16,8 @@ import mmh3
 import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
+
+from delayindex._pure._batch import pack_segments, read_block, unpack_segments, write_groups
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -41,9 +42,10 @@ class _Block:
     """The bitmaps of a block, each one's bounds checked when it is read (as the native
     ``block_parse`` does: a batch reading a few segments pays nothing for the others)."""
 
-    def __init__(self, raw: bytes, cuts: list[int]) -> None:
-        self._raw = raw
-        self._cuts = cuts
+    def __init__(self, raw: bytes, bounds: Int64Array) -> None:
+        self.raw = raw
+        self.cuts = bounds
+        self._cuts = bounds.tolist()
 
     def __len__(self) -> int:
         return len(self._cuts) - 1
@@ -52,7 +54,7 @@ class _Block:
         start, stop = self._cuts[i], self._cuts[i + 1]
         if not 0 <= start <= stop <= self._cuts[-1]:
             raise ValueError("bitmap offsets decrease or leave the block")
-        return self._raw[start:stop]
+        return self.raw[start:stop]
 
     def __iter__(self) -> Iterator[bytes]:
         return (self[i] for i in range(len(self)))
@@ -69,7 +71,7 @@ def block_bitmaps(blob: bytes | memoryview, offsets: Any, n: int | None = None) 
     raw = bytes(blob)
     if int(bounds[0]) != 0 or int(bounds[-1]) != len(raw):
         raise ValueError("bitmap offsets do not span the bitmap block")
-    return _Block(raw, bounds.tolist())
+    return _Block(raw, bounds)
 
 
 def roaring_cardinalities(blob: bytes, offsets: Any) -> Int64Array:
@@ -150,17 +152,6 @@ def roaring_check_positions(ledgers: Int64Array, blob: bytes, offsets: Any) -> I
     return cards
 
 
-def _unpack(payload: bytes, n: int, bits: int) -> npt.NDArray[np.uint64]:
-    if bits == 0:
-        return np.zeros(n, dtype=np.uint64)
-    flat = np.unpackbits(np.frombuffer(payload, dtype=np.uint8), bitorder="little")
-    matrix = flat[: n * bits].reshape(n, bits).astype(np.uint64)
-    values: npt.NDArray[np.uint64] = (matrix << np.arange(bits, dtype=np.uint64)).sum(
-        axis=1, dtype=np.uint64
-    )
-    return values
-
-
 def decode_segments(
     buffer: bytes | memoryview,
     entry_lengths: Int64Array,
@@ -185,41 +176,70 @@ def decode_segments(
     if not (len(mins) == len(spans) == len(counts) == n_seg and len(ledger_offsets) == n_seg + 1):
         raise ValueError("per-segment inputs differ in length")
     bitmaps = block_bitmaps(blob, bitmap_offsets, len(ledgers))
-    out_t: list[Int64Array] = []
-    out_l: list[Int64Array] = []
-    out_e: list[Int64Array] = []
-    offsets = [0]
-    for s, payload in _payloads(buffer, entry_lengths, first_index, counts, spans):
-        n, span, low = int(counts[s]), int(spans[s]), int(mins[s])
-        a, b = int(ledger_offsets[s]), int(ledger_offsets[s + 1])
-        if not 0 <= a < b <= len(ledgers):
-            raise ValueError(f"segment {s}: bad ledger offsets")
-        seg_ledgers = [int(x) for x in ledgers[a:b]]
-        if seg_ledgers[0] < 0 or any(y <= x for x, y in itertools.pairwise(seg_ledgers)):
-            raise ValueError(f"segment {s}: ledgers not ascending")
-        parts = [roaring_entries(bitmaps[i]) for i in range(a, b)]
-        if any(len(p) == 0 for p in parts) or sum(len(p) for p in parts) != n:
-            raise ValueError(f"segment {s}: bitmap cardinality does not match the count")
-        entries = np.concatenate(parts).astype(np.int64)
-        seg_l = np.repeat(np.array(seg_ledgers, dtype=np.int64), [len(p) for p in parts])
-        keys = _segment_keys(payload, n, span, s)
-        order = np.argsort(keys, kind="stable")
-        out_t.append(keys.astype(np.int64)[order] + low)
-        out_l.append(seg_l[order])
-        out_e.append(entries[order])
-        offsets.append(offsets[-1] + n)
+    payloads = [p for _, p in _payloads(buffer, entry_lengths, first_index, counts, spans)]
     empty = np.empty(0, dtype=np.int64)
-    if slots is not None and out_l:
-        all_l, all_e = np.concatenate(out_l), np.concatenate(out_e)
-        pairs = np.unique(np.stack([all_l, all_e]), axis=1)
-        if pairs.shape[1] != len(all_l):
+    if n_seg == 0:
+        return empty, empty.copy(), empty.copy(), np.zeros(1, dtype=np.int64)
+    n_per_seg = np.asarray(counts, dtype=np.int64)
+    bounds = np.asarray(ledger_offsets, dtype=np.int64)
+    lo, hi = bounds[:-1], bounds[1:]
+    framed = (lo >= 0) & (lo < hi) & (hi <= len(ledgers))
+    if not framed.all():
+        raise ValueError(f"segment {int(np.argmin(framed))}: bad ledger offsets")
+    # Segment s reads ledgers[lo[s]:hi[s]]; consecutive segments, consecutive slices.
+    first, last = int(lo[0]), int(hi[-1])
+    batch_ledgers = np.asarray(ledgers, dtype=np.int64)[first:last]
+    rising = batch_ledgers[1:] > batch_ledgers[:-1]
+    rising[lo[1:] - first - 1] = True  # a segment's first ledger need not follow the last's
+    if (batch_ledgers[lo - first] < 0).any() or not rising.all():
+        raise ValueError("a segment's ledgers are not ascending")
+    # The usual single-chunk bitmaps in one pass; any other one by one (naming its error).
+    values, cards, parsed = read_block(bitmaps.raw, bitmaps.cuts[first : last + 1])
+    if not parsed.all():
+        at = np.concatenate(([0], np.cumsum(cards)))
+        parts = [
+            values[at[i] : at[i + 1]] if parsed[i] else roaring_entries(bitmaps[first + i])
+            for i in range(last - first)
+        ]
+        cards = np.array([len(p) for p in parts], dtype=np.int64)
+        values = np.concatenate(parts)
+    if not cards.all():
+        raise ValueError("an empty bitmap")
+    per_seg = np.add.reduceat(cards, lo - first)
+    if not np.array_equal(per_seg, n_per_seg):
+        s = int(np.flatnonzero(per_seg != n_per_seg)[0])
+        raise ValueError(f"segment {s}: bitmap cardinality does not match the count")
+    seg_of = np.repeat(np.arange(n_seg), n_per_seg)
+    keys = _batch_keys(payloads, n_per_seg, np.asarray(spans, dtype=np.int64))
+    # Each segment by time, stably (its positions are in position order).
+    order = np.lexsort((keys, seg_of))
+    out_t = keys.astype(np.int64)[order] + np.asarray(mins, dtype=np.int64)[seg_of]
+    out_l = np.repeat(batch_ledgers, cards)[order]
+    out_e = values.astype(np.int64)[order]
+    if slots is not None:
+        pairs = np.unique(np.stack([out_l, out_e]), axis=1)
+        if pairs.shape[1] != len(out_l):
             raise ValueError("an entry of a ledger is in two segments")
-    return (
-        np.concatenate(out_t) if out_t else empty,
-        np.concatenate(out_l) if out_l else empty.copy(),
-        np.concatenate(out_e) if out_e else empty.copy(),
-        np.array(offsets, dtype=np.int64),
-    )
+    offsets = np.zeros(n_seg + 1, dtype=np.int64)
+    np.cumsum(n_per_seg, out=offsets[1:])
+    return out_t, out_l, out_e, offsets
+
+
+def _batch_keys(
+    payloads: list[bytes], counts: Int64Array, spans: Int64Array
+) -> npt.NDArray[np.uint64]:
+    """Every segment's packed times minus its minimum, checked to fill ``[0, span]`` exactly."""
+    keys = unpack_segments(payloads, counts, spans)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    highest = np.maximum.reduceat(keys, starts)
+    lowest = np.minimum.reduceat(keys, starts)
+    wide = highest > spans.astype(np.uint64)
+    if wide.any():
+        raise ValueError(f"segment {int(np.argmax(wide))}: a packed time exceeds the span")
+    off = (lowest != 0) | (highest != spans.astype(np.uint64))
+    if off.any():
+        raise ValueError(f"segment {int(np.argmax(off))}: times do not span its metadata range")
+    return keys
 
 
 def unpack_segment_times(
@@ -239,11 +259,12 @@ def unpack_segment_times(
         raise ValueError("per-segment inputs differ in length")
     if indexes is not None and len(indexes) != len(entry_lengths):
         raise ValueError("one index per entry")
-    out = [
-        _segment_keys(payload, int(counts[s]), int(spans[s]), s).astype(np.int64) + int(mins[s])
-        for s, payload in _payloads(buffer, entry_lengths, first_index, counts, spans, indexes)
-    ]
-    return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
+    payloads = [p for _, p in _payloads(buffer, entry_lengths, first_index, counts, spans, indexes)]
+    if not payloads:
+        return np.empty(0, dtype=np.int64)
+    n_per_seg = np.asarray(counts, dtype=np.int64)
+    keys = _batch_keys(payloads, n_per_seg, np.asarray(spans, dtype=np.int64))
+    return keys.astype(np.int64) + np.repeat(np.asarray(mins, dtype=np.int64), n_per_seg)
 
 
 def _payloads(
@@ -279,17 +300,6 @@ def _payloads(
         yield s, payload
 
 
-def _segment_keys(payload: bytes, n: int, span: int, s: int) -> npt.NDArray[np.uint64]:
-    """Segment ``s``'s ``n`` packed times minus its minimum, checked to fill ``[0, span]``."""
-    keys = _unpack(payload, n, _bit_length(span))
-    highest = int(keys.max())
-    if highest > span:
-        raise ValueError(f"segment {s}: a packed time exceeds the span")
-    if int(keys.min()) != 0 or highest != span:
-        raise ValueError(f"segment {s}: times do not span its metadata range")
-    return keys
-
-
 def roaring_union_by_ledger(
     ledgers: Int64Array, blob: bytes | memoryview, bitmap_offsets: Any
 ) -> tuple[Int64Array, Int64Array, npt.NDArray[np.uint32]]:
@@ -316,6 +326,27 @@ def roaring_union_by_ledger(
     return np.array(ids, dtype=np.int64), offsets, entries.astype(np.uint32)
 
 
+def _bitmaps(values: npt.NDArray[np.uint32], bounds: Int64Array) -> tuple[bytes, Int64Array]:
+    """Each group ``values[bounds[g]:bounds[g + 1]]`` as a portable roaring bitmap (as
+    pyroaring writes it after ``run_optimize``), back to back: ``(blob, offsets)``."""
+    raw, sizes, fast = write_groups(values, bounds)
+    if not fast.all():  # a group over several chunks or 4096 values: pyroaring writes it
+        pieces, at = [], 0
+        for g, size in enumerate(sizes.tolist()):
+            if fast[g]:
+                pieces.append(raw[at : at + size])
+                at += size
+            else:
+                bm = BitMap(array.array("I", values[bounds[g] : bounds[g + 1]].tobytes()))
+                bm.run_optimize()
+                pieces.append(bytes(bm.serialize()))
+                sizes[g] = len(pieces[-1])
+        raw = b"".join(pieces)
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    return raw, offsets
+
+
 def build_segments(
     times: Int64Array,
     ledgers: Int64Array,
@@ -331,40 +362,37 @@ def build_segments(
         raise ValueError("max_time_step_ms must be >= 1")
     order = np.lexsort((en, lg, t))
     t, lg, en = t[order], lg[order], en[order]
-    mins, maxs, counts, offsets = [], [], [], [0]
-    seg_ledgers: list[int] = []
-    bitmaps: list[bytes] = []
-    packed: list[bytes] = []
-    n, start = len(t), 0
+    n = len(t)
     # The native cut: up to max_time_step_ms of time and max_indexes_per_segment indexes
     # (-1: no cap; below 1, one index per segment).
     cap = n if max_indexes_per_segment == -1 else max(max_indexes_per_segment, 1)
-    while start < n:
-        first = int(t[start])
-        upper = min(first + max_time_step_ms - 1, 2**63 - 1)
-        stop = min(int(np.searchsorted(t, np.int64(upper), side="right")), start + cap)
-        by_pos = np.lexsort((en[start:stop], lg[start:stop]))
-        seg_t, seg_l, seg_e = t[start:stop][by_pos], lg[start:stop][by_pos], en[start:stop][by_pos]
-        same_ledger = seg_l[1:] == seg_l[:-1]
-        dup = same_ledger & (seg_e[1:] == seg_e[:-1])
-        if dup.any():
-            i = int(np.flatnonzero(dup)[0]) + 1
-            raise ValueError(f"position ({seg_l[i]}, {seg_e[i]}) appears twice")
-        bounds = [0, *(np.flatnonzero(~same_ledger) + 1).tolist(), len(seg_l)]
-        entries32 = seg_e.astype(np.uint32)  # ids are in range: the caller validates
-        for a, b in itertools.pairwise(bounds):
-            bm = BitMap(array.array("I", entries32[a:b].tobytes()))
-            bm.run_optimize()
-            seg_ledgers.append(int(seg_l[a]))
-            bitmaps.append(bytes(bm.serialize()))
-        offsets.append(len(seg_ledgers))
-        last = int(t[stop - 1])
-        mins.append(first)
-        maxs.append(last)
-        counts.append(stop - start)
-        packed.append(pack_times(seg_t, first, last - first))
-        start = stop
-    columns = [np.array(c, dtype=np.int64) for c in (mins, maxs, counts, offsets, seg_ledgers)]
-    bitmap_offsets = np.zeros(len(bitmaps) + 1, dtype=np.int64)
-    np.cumsum([len(b) for b in bitmaps], out=bitmap_offsets[1:])
-    return (t, lg, en, *columns, b"".join(bitmaps), bitmap_offsets, packed)
+    cuts = [0]
+    while cuts[-1] < n:
+        start = cuts[-1]
+        upper = min(int(t[start]) + max_time_step_ms - 1, 2**63 - 1)
+        cuts.append(min(int(np.searchsorted(t, np.int64(upper), side="right")), start + cap))
+    seg_bounds = np.array(cuts, dtype=np.int64)
+    n_seg = len(cuts) - 1
+    seg_of = np.repeat(np.arange(n_seg, dtype=np.int64), np.diff(seg_bounds))
+    # Each segment in position order: one sort of the whole bucket, segment first.
+    by_pos = np.lexsort((en, lg, seg_of))
+    pos_t, pos_l, pos_e = t[by_pos], lg[by_pos], en[by_pos]
+    same_group = (seg_of[1:] == seg_of[:-1]) & (pos_l[1:] == pos_l[:-1])
+    dup = same_group & (pos_e[1:] == pos_e[:-1])
+    if dup.any():
+        i = int(np.flatnonzero(dup)[0]) + 1
+        raise ValueError(f"position ({pos_l[i]}, {pos_e[i]}) appears twice")
+    group_bounds = np.concatenate(([0], np.flatnonzero(~same_group) + 1, [n])).astype(np.int64)
+    group_bounds = np.unique(group_bounds)  # n == 0: just [0]
+    entries32 = pos_e.astype(np.uint32)  # ids are in range: the caller validates
+    bitmap_blob, bitmap_offsets = _bitmaps(entries32, group_bounds)
+    firsts = group_bounds[:-1]
+    seg_ledgers = pos_l[firsts]
+    # A segment's groups are its ledgers: offsets count the groups before each segment.
+    offsets = np.searchsorted(firsts, seg_bounds, side="left").astype(np.int64)
+    mins = t[seg_bounds[:-1]] if n_seg else np.empty(0, dtype=np.int64)
+    maxs = t[seg_bounds[1:] - 1] if n_seg else np.empty(0, dtype=np.int64)
+    counts = np.diff(seg_bounds)
+    packed = pack_segments(pos_t, seg_bounds, mins, maxs - mins)
+    columns = [mins, maxs, counts, offsets, seg_ledgers]
+    return (t, lg, en, *columns, bitmap_blob, bitmap_offsets, packed)
