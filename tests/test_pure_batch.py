@@ -19,7 +19,7 @@ from pyroaring import BitMap
 
 from delayindex import _impl
 from delayindex._pure import codec as pure
-from delayindex._pure._batch import pack_segments, read_block, write_groups
+from delayindex._pure._batch import pack_segments, read_block, unpack_segments, write_groups
 
 U32_MAX = 2**32 - 1
 
@@ -151,7 +151,9 @@ def test_read_block_leaves_bitmaps_outside_the_block_alone() -> None:
 
 @given(
     st.lists(
-        st.lists(st.integers(-(2**62) + 1, 2**62 - 1), min_size=1, max_size=40), min_size=1, max_size=12
+        st.lists(st.integers(-(2**62) + 1, 2**62 - 1), min_size=1, max_size=40),
+        min_size=1,
+        max_size=12,
     )
 )
 def test_pack_segments_packs_as_pack_times(segments: list[list[int]]) -> None:
@@ -163,6 +165,9 @@ def test_pack_segments_packs_as_pack_times(segments: list[list[int]]) -> None:
     assert got == [
         pure.pack_times(np.array(s, dtype=np.int64), min(s), max(s) - min(s)) for s in segments
     ]
+    back = unpack_segments(got, np.diff(bounds), spans)
+    assert back.dtype == np.uint64
+    assert (back.astype(np.int64) + np.repeat(mins, np.diff(bounds))).tolist() == times.tolist()
 
 
 def test_pack_segments_in_chunks() -> None:
@@ -176,3 +181,5 @@ def test_pack_segments_in_chunks() -> None:
     spans = np.array([s.max() - s.min() for s in segments], dtype=np.int64)
     got = pack_segments(times, bounds, mins, spans)
     assert got == [pure.pack_times(s, int(s.min()), int(s.max() - s.min())) for s in segments]
+    back = unpack_segments(got, np.array(sizes, dtype=np.int64), spans)
+    assert np.array_equal(back.astype(np.int64) + np.repeat(mins, sizes), times)

@@ -215,7 +215,8 @@ def read_block(raw: bytes, cuts: Int64Array) -> tuple[UInt32Array, Int64Array, B
 _PACK_CHUNK = 1 << 16
 
 
-def _bit_lengths(spans: Int64Array) -> Int64Array:
+def bit_lengths(spans: Int64Array) -> Int64Array:
+    """``int(span).bit_length()`` of each span (non-negative int64)."""
     return np.array([int(x).bit_length() for x in spans.tolist()], dtype=np.int64)
 
 
@@ -225,7 +226,7 @@ def pack_segments(
     """``pack_times(times[bounds[s]:bounds[s + 1]], mins[s], spans[s])`` for every segment
     ``s`` (each segment's times within its range: the caller made them so)."""
     n_seg = len(bounds) - 1
-    bits = _bit_lengths(spans)
+    bits = bit_lengths(spans)
     out: list[bytes] = []
     s = 0
     while s < n_seg:
@@ -243,24 +244,20 @@ def _pack_chunk(
     lo, hi = int(bounds[0]), int(bounds[-1])
     counts = np.diff(bounds)
     seg_of = np.repeat(np.arange(len(counts)), counts)
-    width = int(bits.max()) if len(bits) else 0
-    if width == 0:
-        return [b""] * len(counts)
-    offsets = (times[lo:hi].astype(np.uint64) - mins.astype(np.uint64)[seg_of]).astype(np.uint64)
-    matrix = ((offsets[:, None] >> np.arange(width, dtype=np.uint64)) & np.uint64(1)).astype(
-        np.uint8
-    )
-    stream = matrix[np.arange(width) < bits[seg_of][:, None]]  # element-major, LSB first
+    offsets = times[lo:hi].astype(np.uint64) - mins.astype(np.uint64)[seg_of]
+    # Every value's 64 bits LSB first, then the first bit_length(span) of each, in order.
+    all_bits = np.unpackbits(offsets.astype("<u8").view(np.uint8).reshape(-1, 8), axis=1,
+                             bitorder="little")  # fmt: skip
+    stream = all_bits[np.arange(64) < bits[seg_of][:, None]]
+    # Each segment's payload ends on a byte boundary: zero bits after its last value.
     seg_bits = counts * bits
-    seg_bytes = (seg_bits + 7) // 8
-    flat_base = np.cumsum(seg_bits) - seg_bits
-    byte_base = np.cumsum(seg_bytes) - seg_bytes
-    bit_seg = np.repeat(np.arange(len(counts)), seg_bits)
-    dest = np.arange(len(stream)) - flat_base[bit_seg] + 8 * byte_base[bit_seg]
-    padded = np.zeros(8 * int(seg_bytes.sum()), dtype=np.uint8)
-    padded[dest] = stream
-    raw = np.packbits(padded, bitorder="little").tobytes()
-    return [raw[a : a + k] for a, k in zip(byte_base.tolist(), seg_bytes.tolist(), strict=True)]
+    pad = -seg_bits % 8
+    ends = np.cumsum(seg_bits)
+    stream = np.insert(stream, np.repeat(ends, pad), 0)
+    raw = np.packbits(stream, bitorder="little").tobytes()
+    seg_bytes = (seg_bits + pad) // 8
+    at = np.cumsum(seg_bytes) - seg_bytes
+    return [raw[a : a + k] for a, k in zip(at.tolist(), seg_bytes.tolist(), strict=True)]
 
 
 def unpack_segments(
@@ -269,7 +266,7 @@ def unpack_segments(
     """Each segment's ``counts[s]`` times packed at ``bit_length(spans[s])`` bits (the inverse of
     :func:`pack_segments`, less the minimum), back to back; the lengths are the caller's to
     check."""
-    bits = _bit_lengths(spans)
+    bits = bit_lengths(spans)
     out: list[npt.NDArray[np.uint64]] = []
     bounds = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=bounds[1:])
@@ -286,19 +283,21 @@ def _unpack_chunk(
     payloads: list[bytes], counts: Int64Array, bits: Int64Array
 ) -> npt.NDArray[np.uint64]:
     seg_bytes = np.array([len(p) for p in payloads], dtype=np.int64)
-    width = int(bits.max()) if len(bits) else 0
-    total = int(counts.sum())
-    if width == 0:
-        return np.zeros(total, dtype=np.uint64)
+    element_bits = np.repeat(bits, counts)
+    first_bit = np.repeat(8 * (np.cumsum(seg_bytes) - seg_bytes), counts)
+    first_bit += _ragged_arange(counts) * element_bits
+    if int(bits.max()) <= 57:
+        # A value of at most 57 bits lies in the 8 bytes from the one holding its first bit.
+        buf = np.frombuffer(b"".join(payloads) + bytes(8), dtype=np.uint8)
+        at = first_bit >> 3
+        word = np.zeros(len(at), dtype=np.uint64)
+        for k in range(8):
+            word |= buf[at + k].astype(np.uint64) << np.uint64(8 * k)
+        word >>= (first_bit & 7).astype(np.uint64)
+        mask = (np.uint64(1) << element_bits.astype(np.uint64)) - np.uint64(1)
+        return word & mask
     stream = np.unpackbits(np.frombuffer(b"".join(payloads), dtype=np.uint8), bitorder="little")
-    seg_of = np.repeat(np.arange(len(counts)), counts)
-    element_bits = bits[seg_of]
-    first_bit = (8 * (np.cumsum(seg_bytes) - seg_bytes))[seg_of] + _ragged_arange(
-        counts
-    ) * element_bits
-    k = np.arange(width)
+    k = np.arange(64)
     used = k < element_bits[:, None]
-    at = np.where(used, first_bit[:, None] + k, 0)
-    matrix = np.where(used, stream[at], 0).astype(np.uint64)
-    values: npt.NDArray[np.uint64] = (matrix << k.astype(np.uint64)).sum(axis=1, dtype=np.uint64)
-    return values
+    rows = np.where(used, stream[np.where(used, first_bit[:, None] + k, 0)], 0).astype(np.uint8)
+    return np.packbits(rows, axis=1, bitorder="little").view("<u8").ravel().astype(np.uint64)

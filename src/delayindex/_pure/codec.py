@@ -8,7 +8,6 @@ into concatenated arrays sorted by ``(time, ledger, entry)``. Malformed input ra
 from __future__ import annotations
 
 import array
-import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +16,15 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
-from delayindex._pure._batch import pack_segments, read_block, unpack_segments, write_groups
+from delayindex._pure._batch import (
+    bit_lengths as _bit_lengths,
+)
+from delayindex._pure._batch import (
+    pack_segments,
+    read_block,
+    unpack_segments,
+    write_groups,
+)
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -176,7 +183,7 @@ def decode_segments(
     if not (len(mins) == len(spans) == len(counts) == n_seg and len(ledger_offsets) == n_seg + 1):
         raise ValueError("per-segment inputs differ in length")
     bitmaps = block_bitmaps(blob, bitmap_offsets, len(ledgers))
-    payloads = [p for _, p in _payloads(buffer, entry_lengths, first_index, counts, spans)]
+    payloads = _payloads(buffer, entry_lengths, first_index, counts, spans)
     empty = np.empty(0, dtype=np.int64)
     if n_seg == 0:
         return empty, empty.copy(), empty.copy(), np.zeros(1, dtype=np.int64)
@@ -211,8 +218,7 @@ def decode_segments(
         raise ValueError(f"segment {s}: bitmap cardinality does not match the count")
     seg_of = np.repeat(np.arange(n_seg), n_per_seg)
     keys = _batch_keys(payloads, n_per_seg, np.asarray(spans, dtype=np.int64))
-    # Each segment by time, stably (its positions are in position order).
-    order = np.lexsort((keys, seg_of))
+    order = _by_time_within_segments(keys, seg_of, n_seg)
     out_t = keys.astype(np.int64)[order] + np.asarray(mins, dtype=np.int64)[seg_of]
     out_l = np.repeat(batch_ledgers, cards)[order]
     out_e = values.astype(np.int64)[order]
@@ -223,6 +229,19 @@ def decode_segments(
     offsets = np.zeros(n_seg + 1, dtype=np.int64)
     np.cumsum(n_per_seg, out=offsets[1:])
     return out_t, out_l, out_e, offsets
+
+
+def _by_time_within_segments(
+    keys: npt.NDArray[np.uint64], seg_of: Int64Array, n_seg: int
+) -> npt.NDArray[np.intp]:
+    """The order that sorts each segment's keys stably (a segment's positions are in position
+    order, so equal times keep it); one stable sort of ``segment << width | key`` when that
+    fits 64 bits, a two-key lexsort (several times slower) when not."""
+    width = int(keys.max()).bit_length() if len(keys) else 0
+    if width + max(n_seg - 1, 0).bit_length() <= 64:
+        composite = (seg_of.astype(np.uint64) << np.uint64(width)) | keys
+        return np.argsort(composite, kind="stable")
+    return np.lexsort((keys, seg_of))
 
 
 def _batch_keys(
@@ -259,7 +278,7 @@ def unpack_segment_times(
         raise ValueError("per-segment inputs differ in length")
     if indexes is not None and len(indexes) != len(entry_lengths):
         raise ValueError("one index per entry")
-    payloads = [p for _, p in _payloads(buffer, entry_lengths, first_index, counts, spans, indexes)]
+    payloads = _payloads(buffer, entry_lengths, first_index, counts, spans, indexes)
     if not payloads:
         return np.empty(0, dtype=np.int64)
     n_per_seg = np.asarray(counts, dtype=np.int64)
@@ -274,30 +293,40 @@ def _payloads(
     counts: Int64Array,
     spans: Int64Array,
     indexes: Int64Array | None = None,
-) -> Iterator[tuple[int, bytes]]:
+) -> list[bytes]:
     """Each segment's packed times, its entry checked (framing, checksum seeded with its
-    object entry index: ``first_index + s`` or ``indexes[s]``, flags, payload length):
-    ``(segment, payload)`` in order."""
-    if any(int(c) < 1 for c in counts) or any(int(x) < 0 for x in spans):
+    object entry index: ``first_index + s`` or ``indexes[s]``, flags, payload length)."""
+    n_per_seg = np.asarray(counts, dtype=np.int64)
+    if (n_per_seg < 1).any() or (np.asarray(spans, dtype=np.int64) < 0).any():
         raise ValueError("bad count or span")
-    if any(int(x) < 5 for x in entry_lengths):
+    lengths = np.asarray(entry_lengths, dtype=np.int64)
+    if (lengths < 5).any():
         raise ValueError("truncated entry")
-    if sum(int(x) for x in entry_lengths) != len(buffer):
+    if int(lengths.sum()) != len(buffer):
         raise ValueError("entry lengths do not add up to the buffer")
-    pos = 0
-    for s in range(len(entry_lengths)):
-        entry = bytes(buffer[pos : pos + int(entry_lengths[s])])
-        pos += len(entry)
-        (stored,) = struct.unpack_from("<I", entry, len(entry) - 4)
-        index = first_index + s if indexes is None else int(indexes[s])
-        if murmur3_32(entry[:-4], index) != stored:
-            raise ValueError(f"entry {index}: checksum mismatch")
-        if entry[0] != 0:
-            raise ValueError(f"entry {index}: unknown flags {entry[0]:#x}")
-        payload = entry[1:-4]
-        if len(payload) != (int(counts[s]) * _bit_length(int(spans[s])) + 7) // 8:
-            raise ValueError(f"segment {s}: packed times have the wrong length")
-        yield s, payload
+    raw = bytes(buffer)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    if indexes is None:
+        seeds = np.arange(first_index, first_index + len(lengths), dtype=np.int64)
+    else:
+        seeds = np.asarray(indexes, dtype=np.int64)
+    if len(seeds) and (int(seeds.min()) < 0 or int(seeds.max()) >= 2**32):
+        raise OverflowError("seed must fit uint32")
+    bodies = []
+    for a, b, seed in zip(starts.tolist(), ends.tolist(), seeds.tolist(), strict=True):
+        body = raw[a : b - 4]
+        if mmh3.hash(body, seed, signed=False) != int.from_bytes(raw[b - 4 : b], "little"):
+            raise ValueError(f"entry {seed}: checksum mismatch")
+        bodies.append(body)
+    flags = np.frombuffer(raw, dtype=np.uint8)[starts] if len(raw) else starts
+    if flags.any():
+        s = int(np.flatnonzero(flags)[0])
+        raise ValueError(f"entry {int(seeds[s])}: unknown flags {int(flags[s]):#x}")
+    wrong = lengths - 5 != (n_per_seg * _bit_lengths(np.asarray(spans, dtype=np.int64)) + 7) // 8
+    if wrong.any():
+        raise ValueError(f"segment {int(np.argmax(wrong))}: packed times have the wrong length")
+    return [body[1:] for body in bodies]
 
 
 def roaring_union_by_ledger(
@@ -347,6 +376,39 @@ def _bitmaps(values: npt.NDArray[np.uint32], bounds: Int64Array) -> tuple[bytes,
     return raw, offsets
 
 
+def _time_order(
+    t: Int64Array, lg: Int64Array, en: Int64Array
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp] | None]:
+    """The order by ``(time, ledger, entry)``, and (when ledger ids fit 32 bits) the order by
+    position it was made from: one sort of the packed positions, then one stable sort by time
+    (about 2.5x faster than a three-key lexsort)."""
+    if len(lg) and (int(lg.min()) < 0 or int(lg.max()) >= 2**32):
+        return np.lexsort((en, lg, t)), None
+    packed = (lg.astype(np.uint64) << np.uint64(32)) | en.astype(np.uint64)
+    by_position = np.argsort(packed, kind="stable")
+    return by_position[np.argsort(t[by_position], kind="stable")], by_position
+
+
+def _position_order_within_segments(
+    order: npt.NDArray[np.intp],
+    by_position: npt.NDArray[np.intp] | None,
+    seg_of: Int64Array,
+    lg: Int64Array,
+    en: Int64Array,
+) -> npt.NDArray[np.intp]:
+    """Indexes into the time-sorted rows, each segment's rows in position order."""
+    if by_position is None:
+        return np.lexsort((en, lg, seg_of))
+    # Where each row went in the time order, taken in position order; then stably by segment
+    # (a radix sort when segment numbers fit 16 bits).
+    moved = np.empty(len(order), dtype=np.intp)
+    moved[order] = np.arange(len(order))
+    in_position_order = moved[by_position]
+    seg = seg_of[in_position_order]
+    narrow = seg.astype(np.uint16) if len(seg) and int(seg.max()) < 2**16 else seg
+    return in_position_order[np.argsort(narrow, kind="stable")]
+
+
 def build_segments(
     times: Int64Array,
     ledgers: Int64Array,
@@ -360,22 +422,23 @@ def build_segments(
         raise ValueError("times, ledgers and entries differ in length")
     if max_time_step_ms < 1:
         raise ValueError("max_time_step_ms must be >= 1")
-    order = np.lexsort((en, lg, t))
+    order, by_position = _time_order(t, lg, en)
     t, lg, en = t[order], lg[order], en[order]
     n = len(t)
     # The native cut: up to max_time_step_ms of time and max_indexes_per_segment indexes
     # (-1: no cap; below 1, one index per segment).
     cap = n if max_indexes_per_segment == -1 else max(max_indexes_per_segment, 1)
+    # Where a segment starting at each index would end; then follow the chain from 0.
+    reach = min(max_time_step_ms - 1, 2**63 - 1)  # the last time a segment may hold, past its first
+    upper = np.minimum(t, np.int64(2**63 - 1 - reach)) + np.int64(reach)
+    ends = np.minimum(np.searchsorted(t, upper, side="right"), np.arange(n) + min(cap, n))
     cuts = [0]
     while cuts[-1] < n:
-        start = cuts[-1]
-        upper = min(int(t[start]) + max_time_step_ms - 1, 2**63 - 1)
-        cuts.append(min(int(np.searchsorted(t, np.int64(upper), side="right")), start + cap))
+        cuts.append(int(ends[cuts[-1]]))
     seg_bounds = np.array(cuts, dtype=np.int64)
     n_seg = len(cuts) - 1
     seg_of = np.repeat(np.arange(n_seg, dtype=np.int64), np.diff(seg_bounds))
-    # Each segment in position order: one sort of the whole bucket, segment first.
-    by_pos = np.lexsort((en, lg, seg_of))
+    by_pos = _position_order_within_segments(order, by_position, seg_of, lg, en)
     pos_t, pos_l, pos_e = t[by_pos], lg[by_pos], en[by_pos]
     same_group = (seg_of[1:] == seg_of[:-1]) & (pos_l[1:] == pos_l[:-1])
     dup = same_group & (pos_e[1:] == pos_e[:-1])
@@ -383,7 +446,8 @@ def build_segments(
         i = int(np.flatnonzero(dup)[0]) + 1
         raise ValueError(f"position ({pos_l[i]}, {pos_e[i]}) appears twice")
     group_bounds = np.concatenate(([0], np.flatnonzero(~same_group) + 1, [n])).astype(np.int64)
-    group_bounds = np.unique(group_bounds)  # n == 0: just [0]
+    if n == 0:
+        group_bounds = group_bounds[:1]
     entries32 = pos_e.astype(np.uint32)  # ids are in range: the caller validates
     bitmap_blob, bitmap_offsets = _bitmaps(entries32, group_bounds)
     firsts = group_bounds[:-1]
