@@ -291,13 +291,13 @@ def _unpack_chunk(
         buf = np.frombuffer(b"".join(payloads) + bytes(8), dtype=np.uint8)
         at = first_bit >> 3
         word = np.zeros(len(at), dtype=np.uint64)
-        for k in range(8):
-            word |= buf[at + k].astype(np.uint64) << np.uint64(8 * k)
+        for byte in range(8):
+            word |= buf[at + byte].astype(np.uint64) << np.uint64(8 * byte)
         word >>= (first_bit & 7).astype(np.uint64)
         mask = (np.uint64(1) << element_bits.astype(np.uint64)) - np.uint64(1)
         return word & mask
     stream = np.unpackbits(np.frombuffer(b"".join(payloads), dtype=np.uint8), bitorder="little")
-    k = np.arange(64)
-    used = k < element_bits[:, None]
-    rows = np.where(used, stream[np.where(used, first_bit[:, None] + k, 0)], 0).astype(np.uint8)
+    bit = np.arange(64)
+    used = bit < element_bits[:, None]
+    rows = np.where(used, stream[np.where(used, first_bit[:, None] + bit, 0)], 0).astype(np.uint8)
     return np.packbits(rows, axis=1, bitorder="little").view("<u8").ravel().astype(np.uint64)
