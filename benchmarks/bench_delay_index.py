@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import KIND_LABELS, record, record_rate, rounds_for, slowed
+from support import KIND_LABELS, record, record_rate, rounds_for, run_probe, slowed
 
 from delayindex import DelayIndex, FileStorage, InMemoryTracker, ManualClock
 
@@ -222,3 +222,38 @@ def test_seal_latency(
         stats = tracker.stats()
         benchmark.extra_info["seals"] = stats["ops"]["create"]["succeeded"]
         benchmark.extra_info["merges"] = stats["ops"]["merge"]["succeeded"]
+
+
+SCALE_PROBE = "import runpy; runpy.run_module('scale_probe', run_name='__main__')"
+#: Issue 18 item 5: the pure build's fill of 10x the messages within this many times the time.
+SCALE_BAR = 12.0
+
+
+@pytest.mark.parametrize("build", ["pure", "native"])
+def test_fill_scaling(benchmark: Any, max_size: int, max_size_id: str, build: str) -> None:
+    """``fill-scaling-<n>``: ``add_many`` + ``flush`` of n messages against n / 10, each in a
+    fresh process (``scale_probe.py``; FileStorage, default settings, the writer's seals,
+    snapshots and merges included). The small fill runs before and after the large one and
+    their mean is the baseline, so a drift of the machine's speed shows on both sides.
+    ``extra_info["ratio"]`` is the large fill's time over the small one's (linear: 10; the bar
+    for the pure build at 1e7: 12); the time is the three probes' run."""
+    pure = build == "pure"
+    large, small = max_size, max(max_size // 10, 1)
+    kind = "delay_index-pure" if pure else "delay_index"
+    record(benchmark, f"fill-scaling-{max_size_id}", kind,
+           f"{KIND_LABELS[kind]}: add_many + flush of n against n/10", size=large,
+           ungated="three probes' run; the figure is the ratio in extra_info")  # fmt: skip
+
+    def run() -> list[dict[str, Any]]:
+        return [run_probe(SCALE_PROBE, [str(n)], pure=pure) for n in (small, large, small)]
+
+    before, big, after = benchmark.pedantic(run, rounds=1, iterations=1)
+    assert (before["tracked"], big["tracked"], after["tracked"]) == (small, large, small)
+    baseline = (before["seconds"] + after["seconds"]) / 2
+    info = benchmark.extra_info
+    info["small_s"] = [round(before["seconds"], 3), round(after["seconds"], 3)]
+    info["large_s"] = round(big["seconds"], 3)
+    info["ratio"] = round(big["seconds"] / baseline, 2)
+    info["bar"] = SCALE_BAR if pure else None
+    info["large_cpu_s"] = {"main": big["main_cpu_s"], "writer": big["writer_cpu_s"]}
+    info["large_flush_s"] = round(big["flush_s"], 3)
