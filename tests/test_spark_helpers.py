@@ -1,5 +1,6 @@
 """``delayindex.spark`` helpers that need no JVM: Java discovery, argument checks, the CLI's
-position parser, and the locator arithmetic of the scan's reject examples."""
+position parser, the locator arithmetic of the scan's reject examples, and the scan's ledger ranges
+planned from Parquet footers."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +18,14 @@ from delayindex.cli import _mark_delete
 from delayindex.dump import RejectReport
 from delayindex.spark import SparkUnavailableError, local_session, session
 from delayindex.spark.job import LOC_SHIFT, _check_args, _locate_examples
+from delayindex.spark.scan import (
+    _Dump,
+    _plan_slices,
+    _read_slice,
+    _resolve_dump,
+    _sorted_groups,
+    scans_without_shuffle,
+)
 
 
 def _fake_java(home: Path, version_line: str) -> Path:
@@ -164,3 +174,83 @@ def test_the_spark_fixture_skips_without_java_but_fails_in_ci(
         assert "Spark tests must run in CI" in done.stdout
     else:
         assert "Spark unavailable" in done.stdout or "SKIPPED" in done.stdout
+
+
+# -- the scan's ledger ranges (no shuffle): planned from the Parquet footers alone ---------------
+
+
+def _parquet(path: Path, ledgers: list[Any], row_group_size: int, **extra: Any) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = len(ledgers)
+    table = pa.table(
+        {
+            "ledger_id": pa.array(ledgers, pa.int64()),
+            "entry_id": pa.array(range(n), pa.int64()),
+            "deliver_at": pa.array([-1] * n, pa.int64()),
+            **extra,
+        }
+    )
+    pq.write_table(table, path, row_group_size=row_group_size)
+    return path
+
+
+def test_slices_cover_every_ledger_once_and_balance_the_rows(tmp_path: Path) -> None:
+    ledgers = [lg for lg in range(1, 101) for _ in range(10)]  # 1000 rows, 100 ledgers
+    ledgers[3] = None  # a null id: slice 0 takes it
+    dump = _parquet(tmp_path / "d.parquet", ledgers, row_group_size=64)
+    source = _resolve_dump(dump, None)
+    groups = _sorted_groups(source)
+    assert groups is not None and len(groups) == 16
+    assert scans_without_shuffle(dump)
+    for partitions in (1, 2, 3, 7, 40):
+        slices = _plan_slices(groups, partitions)
+        assert len(slices) == partitions
+        assert [s.nulls for s in slices] == [True] + [False] * (partitions - 1)
+        owners = {lg: [k for k, s in enumerate(slices) if _owns(s, lg)] for lg in range(102)}
+        assert all(len(found) == 1 for found in owners.values())  # every id, exactly once
+        for k, s in enumerate(slices):  # each reads the row groups that may hold its rows
+            for g in groups:
+                assert g.low is not None and g.high is not None
+                holds = any(_owns(s, lg) for lg in range(g.low, g.high + 1))
+                assert (g in s.groups) == (holds or (k == 0 and g.nulls))
+        read = [_read_slice(source.files, s) for s in slices]  # what the tasks read
+        locs = sorted(loc for table in read for loc in table.column("loc").to_pylist())
+        assert locs == list(range(1000))  # every row, once: the null one too
+        assert read[0].column("ledger_id").null_count == 1
+        if partitions <= 7:  # rows per slice within a row group of the even share
+            shares = [sum(10 for lg in range(1, 101) if _owns(s, lg)) for s in slices]
+            assert max(shares) - min(shares) <= 2 * 64, shares
+
+
+def _owns(share: Any, ledger: int) -> bool:
+    return (share.low is None or ledger >= share.low) and (
+        share.high is None or ledger < share.high
+    )
+
+
+def test_dumps_that_need_the_shuffle_are_recognised(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    # Row groups whose ledger ranges overlap: a task per range would read most of the dump.
+    shuffled = _parquet(tmp_path / "shuffled.parquet", [1, 9, 2, 8, 3, 7] * 10, 6)
+    assert not scans_without_shuffle(shuffled)
+    # A ledger shared by two row groups at their edge is fine.
+    touching = _parquet(tmp_path / "touching.parquet", [1, 1, 2, 2, 2, 3], 3)
+    assert scans_without_shuffle(touching)
+    # Columns Spark does not read as integers go file by file (then shuffled).
+    text = pa.array(["x"] * 6)
+    assert not scans_without_shuffle(
+        _parquet(tmp_path / "t.parquet", [1] * 6, 3, publish_time=text)
+    )
+    big = pa.array([2**63] * 6, pa.uint64())
+    assert not scans_without_shuffle(_parquet(tmp_path / "u.parquet", [1] * 6, 3, publish_time=big))
+    (tmp_path / "short").mkdir()
+    pa_table = pa.table({"ledger_id": pa.array([1], pa.int64())})
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa_table, tmp_path / "short" / "p.parquet")
+    assert not scans_without_shuffle(tmp_path / "short")  # the Spark read names the column
+    assert _sorted_groups(_Dump("hdfs://x/d.parquet", "parquet", ("hdfs://x/d.parquet",),
+                                ("hdfs://x/d.parquet",), 0)) is None  # fmt: skip

@@ -3,7 +3,8 @@
 One SparkSession serves every test (the ``spark`` fixture). The reference is
 ``rebuild_local(read_dump(dump))``: the Spark job must publish the same bucket ranges, snapshots
 whose decoded content is identical, and count rejected rows exactly as ``read_dump`` does (with
-the same examples and row numbers) for every dump format and both of its read paths. The
+the same examples and row numbers) for every dump format and each of its read paths (by
+ledger range without a shuffle, read by Spark then shuffled, file by file then shuffled). The
 two-phase protocol is exercised with failures injected after the reservation (rolled back at
 once) and with a simulated kill (rolled back by the next open), and the CLI round trip checks
 the exit codes.
@@ -27,7 +28,7 @@ from delayindex.dump import DumpColumns, DumpError, generate_dump, read_dump, wr
 from delayindex.executors import InlineExecutor
 from delayindex.garbage import find_garbage
 from delayindex.rebuild import plan_buckets, rebuild_local, tracked_mask
-from delayindex.spark import DumpRebuildReport, rebuild, verify
+from delayindex.spark import DumpRebuildReport, rebuild, scans_without_shuffle, verify
 from delayindex.storage import Catalog
 
 pytestmark = pytest.mark.spark
@@ -255,6 +256,9 @@ def _write_parts(root: Path, fmt: str, rows: tuple[list[Any], list[Any], list[An
 @pytest.mark.parametrize("fmt", ["parquet", "parquet-strings", "jsonl", "csv"])
 def test_rejects_are_counted_as_read_dump_counts_them(spark: Any, tmp_path: Path, fmt: str) -> None:
     dump = _write_parts(tmp_path / "dump", fmt, _dirty_rows())
+    # A repeat of an early row in the second part: its ledger ranges overlap, so the scan
+    # shuffles (read by Spark, or file by file); the ledger-range scan has its own test.
+    assert not scans_without_shuffle(dump)
     clean, rejects = read_dump(dump)
     now = _now(generate_dump(10, seed=31))
     report = rebuild(spark, dump, tmp_path / "store", NAME, CONFIG, now)
@@ -267,6 +271,42 @@ def test_rejects_are_counted_as_read_dump_counts_them(spark: Any, tmp_path: Path
     local = FileStorage(tmp_path / "local")
     rebuild_local(clean, local, NAME, CONFIG, now_ms=now)
     _assert_same_index(FileStorage(tmp_path / "store"), local)
+
+
+@pytest.mark.parametrize("partitions", [1, 3, 8])
+def test_a_dump_in_ledger_order_is_scanned_by_ledger_range_with_the_same_result(
+    spark: Any, tmp_path: Path, partitions: int
+) -> None:
+    """The scan without a shuffle (row groups that do not overlap in ledger ids): the same
+    rejects, examples and index as read_dump and the local rebuild, whatever the tasks."""
+    ledgers, entries, deliver = _dirty_rows()
+    order = sorted(range(len(ledgers)), key=lambda i: (ledgers[i] or 0, i))  # nulls first
+    root = tmp_path / "dump"
+    root.mkdir()
+    half = len(order) // 2
+    for i, part in enumerate((order[:half], order[half:])):
+        table = pa.table(
+            {"ledger_id": pa.array([ledgers[j] for j in part], pa.int64()),
+             "entry_id": pa.array([entries[j] for j in part], pa.int64()),
+             "deliver_at": pa.array([deliver[j] for j in part], pa.int64())}
+        )  # fmt: skip
+        pq.write_table(table, root / f"part-{i:05d}.parquet", row_group_size=300)
+    assert scans_without_shuffle(root)
+    clean, rejects = read_dump(root)
+    now = _now(generate_dump(10, seed=31))
+    report = rebuild(spark, root, tmp_path / "store", NAME, CONFIG, now, partitions=partitions)
+
+    assert report.partitions == partitions
+    assert report.rejects.to_json() == rejects.to_json()  # counts, examples, row numbers
+    assert {k for k, v in rejects.counts.items() if v} == {
+        "null_id", "negative_id", "entry_id_too_large", "conflicting_duplicate", "duplicate"
+    }  # fmt: skip
+    local = FileStorage(tmp_path / "local")
+    expected = rebuild_local(clean, local, NAME, CONFIG, now_ms=now)
+    assert report.ranges == expected.ranges and report.tracked == expected.tracked
+    spark_store = FileStorage(tmp_path / "store")
+    _assert_same_index(spark_store, local)
+    _no_leftovers(spark_store)
 
 
 def test_strict_fails_on_rejected_rows_before_writing(spark: Any, tmp_path: Path) -> None:

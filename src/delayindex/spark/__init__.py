@@ -21,7 +21,7 @@ from delayindex.spark.job import (
     rebuild_dump,
     verify_dump,
 )
-from delayindex.spark.scan import check_dump
+from delayindex.spark.scan import check_dump, scans_without_shuffle
 from delayindex.spark.session import (
     SparkUnavailableError,
     check_workers,
@@ -47,6 +47,7 @@ __all__ = [
     "rebuild",
     "rebuild_dump",
     "require_spark",
+    "scans_without_shuffle",
     "session_for",
     "verify",
     "verify_dump",

@@ -1,12 +1,14 @@
 """The Spark rebuild: a topic dump in, a published index out, with the local rebuild's semantics.
 
-How it works (two Spark jobs, one shuffle; the Python work is ``delayindex.dump`` and
+How it works (two Spark jobs, at most one shuffle; the Python work is ``delayindex.dump`` and
 ``delayindex.rebuild``, the same functions :func:`~delayindex.rebuild.rebuild_local` calls, and
 the same offline skeleton, :class:`~delayindex.rebuild.RebuildRun`):
 
-1. **Scan** (:mod:`delayindex.spark.scan`; ``mapInArrow`` after ``repartition(P,
-   "ledger_id")``, the only shuffle): every task checks, deduplicates and classifies the rows of
-   its ledgers exactly as :func:`~delayindex.dump.read_dump` and
+1. **Scan** (:mod:`delayindex.spark.scan`; ``mapInArrow`` over P tasks that each take whole
+   ledgers: a ledger range read straight from a Parquet dump in topic order, else a hash
+   partition after ``repartition(P, "ledger_id")``, the only shuffle): every task checks,
+   deduplicates and classifies the rows of its ledgers exactly as
+   :func:`~delayindex.dump.read_dump` and
    :func:`~delayindex.rebuild.classify` do, writes its tracked rows, sorted by position, to one
    ``.npy`` *scratch file*, and returns its per-ledger tracked counts and a reject report; the
    driver merges the reports and fails here under ``strict``.

@@ -1,15 +1,28 @@
 """The Spark rebuild's scan: a dump's part files in, per-ledger tracked counts and scratch out.
 
-How it works (step 1 of :mod:`delayindex.spark.job`; ``mapInArrow`` after
-``repartition(P, "ledger_id")``, the only shuffle): every row carries a locator ``file index <<
-LOC_SHIFT | row in file``. Parquet dumps with integer columns are read by Spark (splittable,
-vectorized; the locator from ``_metadata.row_index``) and checked after the shuffle with
-:func:`~delayindex.dump.check_rows` (skipped for a partition without a null or out-of-range id:
-none of its checks could fail). Other dumps (JSON Lines, CSV, Parquet with non-integer columns)
-are read one part file per task by ``delayindex.dump``'s own readers and checked before the
-shuffle, so every format is parsed exactly as :func:`~delayindex.dump.read_dump` parses it.
-Hash partitioning puts all rows of a ledger, hence of a position, in one task, which sorts its
-rows by position, resolves duplicates and conflicts
+How it works (step 1 of :mod:`delayindex.spark.job`): every task gets whole ledgers, checks,
+deduplicates and classifies their rows, writes its tracked rows to one scratch file and returns
+its counts. Every row carries a locator ``file index << LOC_SHIFT | row in file``. Three ways to
+give each task whole ledgers, the first that applies:
+
+1. **By ledger range, no shuffle** (:func:`_sorted_groups`, :func:`_plan_slices`): a local
+   Parquet dump with integer columns whose row groups' ``ledger_id`` statistics do not overlap
+   (a topic dump written in topic order). The driver reads only the files' footers and cuts the
+   ledger ids into P ranges of about equal rows (interpolating within row groups); a task
+   (``spark.range(P).mapInArrow``) reads with pyarrow the row groups that overlap its range and
+   keeps the rows in it (task 0 also those with a null ledger id). A row group cut by a range
+   boundary is read by both tasks; nothing is shuffled, and the JVM only schedules.
+2. **Read by Spark, then shuffled** (``repartition(P, "ledger_id")``): other Parquet dumps with
+   integer columns (vectorized, splittable; the locator from ``_metadata.row_index``), e.g.
+   shuffled rows or a dump Spark reads from ``hdfs://`` or ``s3a://``.
+3. **File by file, then shuffled**: other dumps (JSON Lines, CSV, Parquet with non-integer
+   columns) are read one part file per task by ``delayindex.dump``'s own readers and checked
+   before the shuffle, so every format is parsed exactly as :func:`~delayindex.dump.read_dump`
+   parses it.
+
+In ways 1 and 2 a task checks its rows with :func:`~delayindex.dump.check_rows` (skipped for a
+task without a null or out-of-range id: none of its checks could fail). Each task sorts its
+rows by position (nothing to do for a dump in topic order), resolves duplicates and conflicts
 (:func:`~delayindex.dump.resolve_duplicates`), keeps the tracked rows
 (:func:`~delayindex.rebuild.classify`) and writes them, sorted by position, as a ``(3, n)``
 int64 array ``[ledgers, entries, deliver_at]`` to one ``.npy`` *scratch file* (the build step
@@ -17,14 +30,16 @@ reads them back, :mod:`delayindex.spark.build`). Each task returns its per-ledge
 and a reject report; :func:`_scan` merges them on the driver (examples get their global row
 numbers back from the locators) into a :class:`_Scan`.
 
-Invariants: a ledger's rows meet in one task, so per-ledger counts are exact and a scratch file
-is sorted by ledger; the dump itself is never written.
+Invariants: a ledger's rows meet in one task (one range, or one hash partition), so per-ledger
+counts are exact and a scratch file is sorted by ledger; every row is counted by exactly one
+task; the dump itself is never written.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import json
 import os
 import re
@@ -217,6 +232,250 @@ def _file_frame(spark: Any, source: _Dump, partitions: int) -> Any:
     return spark.range(0, len(files), 1, tasks).mapInArrow(reader, _ROWS_SCHEMA)
 
 
+# -- by ledger range, without a shuffle ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Group:
+    """One Parquet row group of a dump, with its ledger ids' range from the file's footer."""
+
+    file: int  # index into the dump's files (the locator's file index)
+    group: int  # row group number within the file
+    first_row: int  # its first row's number within the file
+    rows: int
+    low: int | None  # lowest and highest ledger id; None: the group holds only nulls
+    high: int | None
+    nulls: bool  # may hold rows with a null ledger id
+
+
+@dataclass(frozen=True)
+class _Slice:
+    """One scan task's share: the ledger ids in ``[low, high)`` (None: unbounded), the null
+    ones too when ``nulls``, and the row groups that may hold them."""
+
+    low: int | None
+    high: int | None
+    nulls: bool
+    groups: tuple[_Group, ...]
+
+    def holds(self, group: _Group) -> bool:
+        """Whether ``group`` may hold a row of this slice."""
+        if self.nulls and group.nulls:
+            return True
+        if group.low is None or group.high is None:
+            return False
+        if self.low is not None and self.high is not None and self.low >= self.high:
+            return False  # an empty range
+        return (self.low is None or group.high >= self.low) and (
+            self.high is None or group.low < self.high
+        )
+
+    def covers(self, group: _Group) -> bool:
+        """Whether every row of ``group`` belongs to this slice (no filter needed)."""
+        if group.nulls and not self.nulls:
+            return False
+        if group.low is None or group.high is None:
+            return self.nulls
+        return (self.low is None or group.low >= self.low) and (
+            self.high is None or group.high < self.high
+        )
+
+
+def _integer_type(pa: Any, dtype: Any) -> bool:
+    """Whether Spark reads a Parquet column of this Arrow type as an integer type (the rule
+    :func:`_columnar_frame` applies: Spark reads a uint64 column as a decimal)."""
+    return bool(pa.types.is_integer(dtype)) and not pa.types.is_uint64(dtype)
+
+
+def _file_groups(pa: Any, pq: Any, index: int, path: str) -> list[_Group] | None:
+    """The row groups of one Parquet part file, or None when it cannot be split by ledger."""
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except (pa.ArrowException, OSError):
+        return None  # the Spark read reports it as read_dump would
+    schema = meta.schema.to_arrow_schema()
+    names = schema.names
+    if any(c not in names for c in dumpmod.REQUIRED_COLUMNS):
+        return None  # so does a missing column
+    if any(c in names and not _integer_type(pa, schema.field(c).type) for c in dumpmod.COLUMNS):
+        return None  # parsed row by row, file by file
+    if not pa.types.is_signed_integer(schema.field("ledger_id").type):
+        return None  # unsigned statistics may be ordered as signed by old writers
+    paths = [meta.schema.column(i).path for i in range(meta.num_columns)]
+    if "ledger_id" not in paths:
+        return None  # a nested schema: leave it to Spark
+    column = paths.index("ledger_id")
+    groups: list[_Group] = []
+    first = 0
+    for number in range(meta.num_row_groups):
+        group = meta.row_group(number)
+        rows = group.num_rows
+        stats = group.column(column).statistics
+        if rows and stats is None:
+            return None
+        nulls = rows > 0 and (not stats.has_null_count or stats.null_count > 0)
+        if rows == 0:
+            pass
+        elif stats.has_min_max:
+            groups.append(_Group(index, number, first, rows, int(stats.min), int(stats.max), nulls))
+        elif stats.has_null_count and stats.null_count == rows:
+            groups.append(_Group(index, number, first, rows, None, None, True))
+        else:
+            return None
+        first += rows
+    return groups
+
+
+def _sorted_groups(source: _Dump) -> tuple[_Group, ...] | None:
+    """The dump's row groups when tasks can take ledger ranges without a shuffle (module docs,
+    way 1): a local Parquet dump, integer columns, ledger statistics in every row group, and
+    no two row groups whose ledger ranges overlap (sharing one ledger at an edge is fine).
+    None otherwise."""
+    if source.fmt != "parquet" or not _is_local(source.path) or not source.files:
+        return None
+    pa, pq = arrow(), importlib.import_module("pyarrow.parquet")
+    groups: list[_Group] = []
+    for index, path in enumerate(source.files):
+        found = _file_groups(pa, pq, index, path)
+        if found is None:
+            return None
+        groups.extend(found)
+    ranged = sorted((g.low, g.high) for g in groups if g.low is not None and g.high is not None)
+    for (_, high), (low, _) in itertools.pairwise(ranged):
+        if low < high:
+            return None  # overlapping ranges: each task would read most of the dump
+    return tuple(groups)
+
+
+def _cuts(groups: Sequence[_Group], partitions: int) -> list[int]:
+    """``partitions - 1`` ledger ids that split the rows into about equal shares, assuming
+    the ids of a row group spread evenly over its range."""
+    ranged = [(g.low, g.high, g.rows) for g in groups if g.low is not None and g.high is not None]
+    if not ranged or partitions < 2:
+        return []
+    lows = np.array([float(low) for low, _, _ in ranged])
+    spans = np.array([float(high) - float(low) + 1.0 for low, high, _ in ranged])
+    rows = np.array([float(n) for _, _, n in ranged])
+    total = float(rows.sum())
+
+    def below(ledger: int) -> float:
+        return float((rows * np.clip((float(ledger) - lows) / spans, 0.0, 1.0)).sum())
+
+    first = min(low for low, _, _ in ranged)
+    last = max(high for _, high, _ in ranged) + 1
+    cuts = []
+    for k in range(1, partitions):
+        target = total * k / partitions
+        lo, hi = first, last
+        while lo < hi:  # the lowest ledger id with at least ``target`` rows below it
+            mid = (lo + hi) // 2
+            if below(mid) >= target:
+                hi = mid
+            else:
+                lo = mid + 1
+        cuts.append(lo)
+    return cuts
+
+
+def _plan_slices(groups: Sequence[_Group], partitions: int) -> tuple[_Slice, ...]:
+    """``partitions`` slices whose ledger ranges cover every id once (task 0 also takes the
+    null ones), each with the row groups it reads."""
+    bounds: list[int | None] = [None, *_cuts(groups, partitions), None]
+    bounds += [None] * (partitions + 1 - len(bounds))  # no ranged group: the rest is empty
+    slices = []
+    for k in range(partitions):
+        low, high = bounds[k], bounds[k + 1]
+        if k > 0 and low is None:
+            low = high = 0  # an empty range
+        empty = _Slice(low, high, k == 0, ())
+        slices.append(_Slice(low, high, k == 0, tuple(g for g in groups if empty.holds(g))))
+    return tuple(slices)
+
+
+def _locators(index: int, groups: Sequence[_Group]) -> Int64Array:
+    """The locators of the rows of ``groups`` (of part file ``index``), in one new array."""
+    loc = np.empty(sum(g.rows for g in groups), dtype=np.int64)
+    at = 0
+    for g in groups:
+        start = (index << LOC_SHIFT) + g.first_row
+        loc[at : at + g.rows] = np.arange(start, start + g.rows, dtype=np.int64)
+        at += g.rows
+    return loc
+
+
+def _in_slice(table: Any, share: _Slice) -> Any:
+    """The rows of ``table`` that belong to ``share``: a zero-copy slice when they are one run
+    (a dump in topic order), else a filtered copy."""
+    pa, pc = arrow(), importlib.import_module("pyarrow.compute")
+    ledger = table.column("ledger_id")
+    if ledger.null_count == 0:
+        ids = ledger.to_numpy()
+        keep = np.ones(len(ids), dtype=bool)
+        if share.low is not None:
+            keep &= ids >= share.low
+        if share.high is not None:
+            keep &= ids < share.high
+        count = int(np.count_nonzero(keep))
+        first = int(np.argmax(keep)) if count else 0
+        if count == 0 or bool(keep[first : first + count].all()):
+            return table.slice(first, count)
+        return table.filter(pa.array(keep))
+    # Kleene logic: a null id compares to null, and "false and null" must be false.
+    mask = pc.is_valid(ledger)
+    if share.low is not None:
+        mask = pc.and_kleene(mask, pc.greater_equal(ledger, share.low))
+    if share.high is not None:
+        mask = pc.and_kleene(mask, pc.less(ledger, share.high))
+    if share.nulls:
+        mask = pc.or_kleene(mask, pc.is_null(ledger))
+    return table.filter(mask)
+
+
+def _read_slice(files: Sequence[str], share: _Slice) -> Any:
+    """Executor: the rows of ``share`` as ``ledger_id, entry_id, deliver_at, loc`` (int64), in
+    file and row order."""
+    pa, pq = arrow(), importlib.import_module("pyarrow.parquet")
+    columns = list(dumpmod.REQUIRED_COLUMNS)
+    names = [*columns, "loc"]
+    by_file: dict[int, list[_Group]] = {}
+    for group in share.groups:
+        by_file.setdefault(group.file, []).append(group)
+    tables = []
+    for index, chosen in sorted(by_file.items()):
+        # Memory-mapped, one thread: measured faster here, and tasks already fill the cores.
+        read = pq.ParquetFile(files[index], memory_map=True).read_row_groups(
+            [g.group for g in chosen], columns, use_threads=False
+        )
+        arrays = [read.column(c).cast(pa.int64()) for c in columns]
+        table = pa.Table.from_arrays([*arrays, pa.array(_locators(index, chosen))], names=names)
+        if not all(share.covers(g) for g in chosen):
+            table = _in_slice(table, share)
+        tables.append(table)
+    if not tables:
+        return pa.table({c: pa.array([], pa.int64()) for c in names})
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def _scan_slices(
+    params: _ScanParams, files: Sequence[str], slices: Sequence[_Slice], batches: Iterator[Any]
+) -> Iterator[Any]:
+    """Executor, way 1: read each slice whose number arrives, then scan it as a shuffled
+    partition is scanned."""
+    for batch in batches:
+        for number in batch.column(0).to_pylist():
+            yield from _scan_table(params, _read_slice(files, slices[number]))
+
+
+def scans_without_shuffle(dump: str | os.PathLike[str], fmt: str | None = None) -> bool:
+    """Whether the scan of this dump gives each task a ledger range with no shuffle (module
+    docs, way 1): then the JVM only schedules, and a quick-start JVM suits any dump size.
+
+    Raises:
+        FileNotFoundError, DumpError: as :func:`check_dump`.
+    """
+    return _sorted_groups(_resolve_dump(dump, fmt)) is not None
+
+
 # -- the scan ------------------------------------------------------------------------------------
 
 
@@ -239,16 +498,25 @@ def _task_id() -> str:
 
 
 def _scan_partition(params: _ScanParams, batches: Iterator[Any]) -> Iterator[Any]:
-    """Executor: check, resolve, classify one ledger-hash partition; write its tracked rows."""
-    pa = arrow()
+    """Executor, ways 2 and 3: scan one ledger-hash partition of the shuffled rows."""
     received = list(batches)
     if not received:  # no ledger hashed here
+        yield from _scan_table(params, None)
+        return
+    table = arrow().Table.from_batches(received)
+    del received
+    yield from _scan_table(params, table)
+
+
+def _scan_table(params: _ScanParams, table: Any) -> Iterator[Any]:
+    """Executor: check, resolve, classify one task's rows (a table of ``_ROWS_SCHEMA``'s
+    columns, or None for none); write its tracked rows; yield its counts and summary."""
+    pa = arrow()
+    if table is None or table.num_rows == 0:
         yield _summary_batch(pa, {"report": RejectReport().to_json(), "files": {}, "kept": 0,
                                   "tracked": 0, "not_delayed": 0, "due": 0, "acked": 0,
                                   "scratch": ""})  # fmt: skip
         return
-    table = pa.Table.from_batches(received)
-    del received
     report = RejectReport()
     file_rows: dict[int, int] = {}
     if params.checked:
@@ -266,8 +534,9 @@ def _scan_partition(params: _ScanParams, batches: Iterator[Any]) -> Iterator[Any
         )
     else:
         loc = table.column("loc").to_numpy()
-        which, counts = np.unique(loc >> LOC_SHIFT, return_counts=True)
-        file_rows = {int(w): int(c) for w, c in zip(which, counts, strict=True)}
+        # Rows per part file (the locator's high bits); a part file count is small.
+        per_file = np.bincount(loc >> LOC_SHIFT)
+        file_rows = {int(w): int(per_file[w]) for w in np.flatnonzero(per_file)}
         clean = _clean_rows(table)
         if clean is not None:
             columns, report = clean, RejectReport(total_rows=len(clean))
@@ -286,20 +555,24 @@ def _scan_partition(params: _ScanParams, batches: Iterator[Any]) -> Iterator[Any
         columns, now_ms=params.now_ms, config=params.config, mark_delete=params.mark
     )
     mask = seen.mask
-    ledgers = columns.ledger_ids[mask]
+    tracked = int(np.count_nonzero(mask))
+    rows = np.empty((3, tracked), dtype=np.int64)  # the scratch array, filled in place
+    for at, column in enumerate((columns.ledger_ids, columns.entry_ids, columns.deliver_at)):
+        np.compress(mask, column, out=rows[at])
+    ledgers = rows[0]
     path = ""
-    if len(ledgers):
+    if tracked:
         path = os.path.join(params.scratch, f"scan-{_task_id()}.npy")
-        np.save(path, np.stack([ledgers, columns.entry_ids[mask], columns.deliver_at[mask]]))
+        np.save(path, rows)
     # Positions are sorted, so each ledger's tracked rows are one run.
-    starts = np.flatnonzero(np.concatenate(([True], ledgers[1:] != ledgers[:-1])))[: len(ledgers)]
+    starts = np.flatnonzero(np.concatenate(([True], ledgers[1:] != ledgers[:-1])))[:tracked]
     unique = ledgers[starts]
-    counts = np.diff(np.append(starts, len(ledgers)))
+    counts = np.diff(np.append(starts, tracked))
     summary = {
         "report": report.to_json(),
         "files": file_rows,
         "kept": len(columns),
-        "tracked": len(ledgers),
+        "tracked": tracked,
         "not_delayed": seen.not_delayed,
         "due": seen.due,
         "acked": seen.acked,
@@ -331,7 +604,10 @@ def _clean_rows(table: Any) -> DumpColumns | None:
         ledgers.min() < 0 or entries.min() < 0 or entries.max() >= dumpmod.ENTRY_ID_LIMIT
     ):
         return None
-    deliver = pc.fill_null(table.column("deliver_at"), dumpmod.NOT_DELAYED).to_numpy()
+    deliver = table.column("deliver_at")
+    if deliver.null_count:  # else to_numpy shares the column's memory: no copy
+        deliver = pc.fill_null(deliver, dumpmod.NOT_DELAYED)
+    deliver = deliver.to_numpy()
     return DumpColumns(ledgers, entries, deliver)  # normalizes negative deliver times
 
 
@@ -403,15 +679,22 @@ def _scan(
     phase: Phase,
 ) -> _Scan:
     """Run the scan job (under ``phase("scan")``) and merge what its tasks report."""
-    columnar = _columnar_frame(spark, source)
-    if columnar is None:
-        frame, labels = _file_frame(spark, source, partitions), source.labels
-        params = _ScanParams(params.now_ms, params.config, params.mark, params.scratch, True)
+    groups = _sorted_groups(source)
+    if groups is not None:  # way 1: ledger ranges, no shuffle
+        slices = _plan_slices(groups, partitions)
+        scan = functools.partial(_scan_slices, params, source.files, slices)
+        frame, labels = spark.range(0, partitions, 1, partitions), source.labels
     else:
-        frame, labels = columnar
-    scan = functools.partial(_scan_partition, params)
+        columnar = _columnar_frame(spark, source)
+        if columnar is None:
+            frame, labels = _file_frame(spark, source, partitions), source.labels
+            params = _ScanParams(params.now_ms, params.config, params.mark, params.scratch, True)
+        else:
+            frame, labels = columnar
+        frame = frame.repartition(partitions, "ledger_id")
+        scan = functools.partial(_scan_partition, params)
     with phase("scan"):
-        table = frame.repartition(partitions, "ledger_id").mapInArrow(scan, _SCAN_SCHEMA).toArrow()
+        table = frame.mapInArrow(scan, _SCAN_SCHEMA).toArrow()
     pa = arrow()
     kinds = table.column("kind")
     ledger_rows = table.filter(pa.compute.equal(kinds, "ledger"))
