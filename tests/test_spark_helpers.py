@@ -1,6 +1,6 @@
 """``delayindex.spark`` helpers that need no JVM: Java discovery, argument checks, the CLI's
-position parser, the locator arithmetic of the scan's reject examples, and the scan's ledger ranges
-planned from Parquet footers."""
+position parser, the locator arithmetic of the scan's reject examples, the scan's ledger ranges
+planned from Parquet footers, and where the class archive lives."""
 
 from __future__ import annotations
 
@@ -254,3 +254,20 @@ def test_dumps_that_need_the_shuffle_are_recognised(tmp_path: Path) -> None:
     assert not scans_without_shuffle(tmp_path / "short")  # the Spark read names the column
     assert _sorted_groups(_Dump("hdfs://x/d.parquet", "parquet", ("hdfs://x/d.parquet",),
                                 ("hdfs://x/d.parquet",), 0)) is None  # fmt: skip
+
+
+def test_the_class_archive_follows_its_environment_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for off in ("", "off", " OFF "):
+        monkeypatch.setenv(session.CLASS_ARCHIVE_ENV, off)
+        assert session.default_class_archive() is None
+    monkeypatch.setenv(session.CLASS_ARCHIVE_ENV, str(tmp_path / "a.jsa"))
+    assert session.default_class_archive() == tmp_path / "a.jsa"
+    monkeypatch.delenv(session.CLASS_ARCHIVE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    found = session.default_class_archive()
+    if session.find_java_home() is not None:  # named after this Java and this pyspark
+        assert found is not None and found.parent == tmp_path / "cache" / "delayindex"
+        assert found.name.startswith("spark-classes-") and found.suffix == ".jsa"
+        assert session.default_class_archive() == found

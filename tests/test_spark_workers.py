@@ -1,4 +1,5 @@
-"""Spark sessions made outside ``delayindex.spark``: their Python workers are checked up front.
+"""Spark sessions made outside ``delayindex.spark``: their Python workers are checked up front;
+and the class archive of ``local_session``, written by one session's JVM and mapped by the next.
 
 A session whose workers run a Python without delayindex must fail with
 :class:`~delayindex.spark.SparkUnavailableError` saying how to fix it, before the first stage,
@@ -103,3 +104,49 @@ def test_workers_without_delayindex_fail_up_front(spark: Any, tmp_path: Path) ->
         assert line.startswith(f"UNAVAILABLE {job} "), line
         assert "cannot import delayindex" in line and "PYSPARK_PYTHON" in line
         assert "ModuleNotFoundError: No module named 'delayindex'" in line
+
+
+# -- the class archive: written by one session's JVM, mapped by the next ---------------------------
+
+_ARCHIVE_SESSIONS = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from pyspark import SparkContext
+    from delayindex.spark import local_session, stop_jvm
+
+    archive = Path(sys.argv[1])
+    for round in ("first", "second"):
+        spark = local_session("local[1]", class_archive=archive, log_level="OFF")
+        maps = Path(f"/proc/{SparkContext._gateway.proc.pid}/maps")
+        mapped = maps.is_file() and str(archive) in maps.read_text()
+        print("ROUND", round, spark.range(5).count(), mapped, flush=True)
+        spark.stop()
+        stop_jvm()  # waits for the JVM: the first one writes the archive as it exits
+        print("FILES", round, sorted(p.name for p in archive.parent.iterdir()), flush=True)
+    """
+)
+
+
+def test_a_class_archive_is_written_once_then_mapped(spark: Any, tmp_path: Path) -> None:
+    # ``spark`` only for its skip rules; these sessions need their own JVMs, one after another.
+    archive = tmp_path / "cache" / "classes.jsa"
+    done = subprocess.run(
+        [sys.executable, "-c", _ARCHIVE_SESSIONS, str(archive)],
+        cwd=tmp_path,
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert all(line.split(" ")[0] in ("ROUND", "FILES") for line in lines), lines  # no JVM log
+    on_linux = sys.platform.startswith("linux")
+    assert lines == [
+        "ROUND first 5 False",  # no archive yet: the JVM loads its classes from the jars
+        "FILES first ['classes.jsa']",  # written when it exited, no temporary file left
+        f"ROUND second 5 {on_linux}",  # mapped (visible in /proc on Linux)
+        "FILES second ['classes.jsa']",
+    ]

@@ -25,11 +25,13 @@ from delayindex.spark.scan import check_dump, scans_without_shuffle
 from delayindex.spark.session import (
     SparkUnavailableError,
     check_workers,
+    default_class_archive,
     find_java_home,
     java_major_version,
     local_session,
     require_spark,
     session_for,
+    stop_jvm,
 )
 
 rebuild = rebuild_dump
@@ -41,6 +43,7 @@ __all__ = [
     "SparkUnavailableError",
     "check_dump",
     "check_workers",
+    "default_class_archive",
     "find_java_home",
     "java_major_version",
     "local_session",
@@ -49,6 +52,7 @@ __all__ = [
     "require_spark",
     "scans_without_shuffle",
     "session_for",
+    "stop_jvm",
     "verify",
     "verify_dump",
 ]

@@ -12,10 +12,24 @@ console progress bars, Arrow on with 100 000-row batches, a local master's drive
 127.0.0.1, a private temporary ``spark.local.dir`` and warehouse (removed at exit), and log level
 ERROR from the JVM's first line on (a log4j2 configuration file, not ``setLogLevel`` alone).
 
-:func:`check_workers` runs once per Spark application, before a job's first stage: a one-task job
-whose Python worker imports delayindex. A session made elsewhere (``getOrCreate`` in user code,
-spark-submit) may start workers with a Python lacking delayindex; without the check they fail
-deep inside the first real stage with a bare ``ModuleNotFoundError``.
+Class archive (``class_archive``, which the command line uses: :func:`default_class_archive`):
+starting Spark's JVM loads and verifies about 10 000 classes from its jars, most of the start's
+CPU time. With Java's class data sharing (AppCDS) they are mapped, already parsed and verified,
+from an archive file instead: the JVM then starts with about half the CPU. The archive is
+written once, by a session's JVM when it exits (``-XX:ArchiveClassesAtExit``, to a temporary
+file: the session's owner waits for the JVM's exit, :func:`stop_jvm`, checks the file with a
+``java -version`` that maps it, and renames it into place), and used by the later sessions
+(``-XX:SharedArchiveFile``). A truncated archive would crash the JVM, hence the temporary file
+and the check; an archive of another Java or Spark installation is refused by the JVM and
+ignored (its file name carries a hash of both; the JVM's CDS log lines are off).
+
+:func:`check_workers` runs once per Spark application, before a job's first stage: a job with one
+task per core whose Python workers import delayindex. A session made elsewhere (``getOrCreate``
+in user code, spark-submit) may start workers with a Python lacking delayindex; without the check
+they fail deep inside the first real stage with a bare ``ModuleNotFoundError``. The check is a
+``mapInArrow`` job, as the rebuild's are: it starts every core's worker at once, and the
+rebuild's stages reuse them (a new worker costs seconds of CPU: among other things, pyspark
+compiles its own modules from a zip file in each).
 
 Invariants: nothing here imports pyspark at module import time (``import delayindex.spark`` works
 without the ``spark`` extra; using it raises :class:`SparkUnavailableError` naming the extra).
@@ -28,6 +42,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import hashlib
+import importlib.util
 import os
 import re
 import shutil
@@ -35,6 +51,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,6 +72,13 @@ QUICK_START_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 THROUGHPUT_OPTIONS = "-XX:+UseSerialGC"
 #: Rows per Arrow batch handed to Python: 10x Spark's default, fewer round trips per row.
 ARROW_BATCH_ROWS = 100_000
+#: Environment variable naming the command line's class archive file; empty or ``off``: none.
+CLASS_ARCHIVE_ENV = "DELAYINDEX_SPARK_CLASS_ARCHIVE"
+#: JVM flag that silences the class data sharing log (by default on stdout: a ``--json``
+#: report would get the JVM's notes about jars it does not archive).
+_CDS_QUIET = "-Xlog:cds*=off"
+#: A temporary archive older than this is a leftover of a killed run.
+_STALE_ARCHIVE_SECONDS = 3600
 #: The JVM's log4j2 configuration: the level from the start (not after the first lines), on
 #: stderr, without the "default log4j profile" banner. pyspark's gateway counts as a shell, whose
 #: logger Spark raises to WARN with a notice unless it is configured: so it is, at the same level.
@@ -79,6 +104,8 @@ class SparkUnavailableError(DelayIndexError, RuntimeError):
 #: Spark application ids whose Python workers were seen to import delayindex.
 _WORKERS_OK: set[str] = set()
 _WORKERS_LOCK = threading.Lock()
+#: The archive this process's JVM writes when it exits: (temporary file, final file), or None.
+_ARCHIVE_PENDING: list[tuple[Path, Path]] = []
 _WORKER_FIX = (
     "set PYSPARK_PYTHON (or the spark.pyspark.python setting) to a Python interpreter that has "
     "delayindex installed, e.g. this process's own ({python}), before the session starts, or "
@@ -143,12 +170,18 @@ def find_java_home() -> str | None:
 
 
 def require_spark() -> None:
-    """Raise :class:`SparkUnavailableError` unless pyspark, pyarrow and pandas import."""
+    """Raise :class:`SparkUnavailableError` unless pyspark, pyarrow and pandas are installed.
+
+    Looks them up without importing them: pandas alone takes half a second to import, and a
+    job that never converts to pandas need not pay for it.
+    """
     missing = []
     for module in ("pyspark", "pyarrow", "pandas"):
         try:
-            __import__(module)
-        except ImportError:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a broken or half-imported package
+            found = False
+        if not found:
             missing.append(module)
     if missing:
         raise SparkUnavailableError(
@@ -160,10 +193,14 @@ def require_spark() -> None:
 def check_workers(spark: Any) -> str | None:
     """Check once per Spark application that its Python workers can import delayindex.
 
-    Runs a one-partition job whose task imports delayindex and reports its version and path
-    (returned, e.g. ``"0.1.0 /site-packages/delayindex/__init__.py"``); later calls for the
-    same application return None at once. Sessions without a SparkContext (Spark Connect) are
-    not checked (None).
+    Runs a ``mapInArrow`` job with one task per core (``defaultParallelism``) whose tasks
+    import delayindex and report its version and path (returned, from the first task, e.g.
+    ``"0.1.0 /site-packages/delayindex/__init__.py"``); later calls for the same application
+    return None at once. Sessions without a SparkContext (Spark Connect) are not checked
+    (None). The job is the kind the rebuild runs, so every core's Python worker starts now, at
+    once, and the rebuild's stages reuse them (pyspark keeps one pool of workers per kind of
+    job: an RDD job's workers would serve no ``mapInArrow`` task). If that job fails (no
+    pyarrow on the workers, say), a plain RDD job asks again and names what is missing.
 
     Raises:
         SparkUnavailableError: the workers cannot import delayindex, or cannot run a Python
@@ -189,21 +226,38 @@ def check_workers(spark: Any) -> str | None:
             return
         yield f"{delayindex.__version__} {delayindex.__file__}"
 
+    def arrow_probe(batches: Iterator[Any]) -> Iterator[Any]:
+        import importlib as worker_importlib
+
+        worker_pa = worker_importlib.import_module("pyarrow")
+        for _ in batches:
+            pass
+        answer = list(probe(()))
+        yield worker_pa.RecordBatch.from_arrays(
+            [worker_pa.array(answer, worker_pa.string())], names=["answer"]
+        )
+
     fix = _WORKER_FIX.format(python=sys.executable)
+    tasks = max(1, int(sc.defaultParallelism))
     try:
-        answers = sc.parallelize([0], 1).mapPartitions(probe).collect()
-    except Exception as exc:
-        missing = "ModuleNotFoundError" in str(exc) or "No module named" in str(exc)
-        what = "cannot import a module they need" if missing else "cannot run a Python task"
-        raise SparkUnavailableError(f"Spark's Python workers {what}: {fix}") from exc
-    answer = str(answers[0]) if answers else "!no answer from the workers"
-    if answer.startswith("!"):
+        rows = spark.range(0, tasks, 1, tasks).mapInArrow(arrow_probe, "answer string").collect()
+        answers = [str(row.answer) for row in rows]
+    except Exception:  # the plain job below says why, or passes as it always did
+        try:
+            answers = [str(a) for a in sc.parallelize([0], 1).mapPartitions(probe).collect()]
+        except Exception as exc:
+            missing = "ModuleNotFoundError" in str(exc) or "No module named" in str(exc)
+            what = "cannot import a module they need" if missing else "cannot run a Python task"
+            raise SparkUnavailableError(f"Spark's Python workers {what}: {fix}") from exc
+    failed = [a for a in answers if a.startswith("!")]
+    if failed or not answers:
+        worker = failed[0][1:] if failed else "no answer from the workers"
         raise SparkUnavailableError(
-            f"Spark's Python workers cannot import delayindex (worker {answer[1:]}): {fix}"
+            f"Spark's Python workers cannot import delayindex (worker {worker}): {fix}"
         )
     with _WORKERS_LOCK:
         _WORKERS_OK.add(app)
-    return answer
+    return answers[0]
 
 
 def local_session(
@@ -214,6 +268,7 @@ def local_session(
     app_name: str = "delayindex",
     log_level: str = "ERROR",
     quick_start: bool = True,
+    class_archive: str | os.PathLike[str] | None = None,
 ) -> SparkSession:
     """Start (or return the running) SparkSession with the settings in the module docs.
 
@@ -227,6 +282,9 @@ def local_session(
         quick_start: C1-only JIT (:data:`QUICK_START_OPTIONS`): the JVM is up in about half
             the time, which suits tests and small dumps. Large rebuilds should pass False: the
             JVM's shuffle and Arrow conversion then run 2-3x faster once warm.
+        class_archive: a class data sharing archive file (module docs): used if it exists,
+            else written by this session's JVM when it exits (:func:`stop_jvm`, or the
+            process's exit). None: no archive. Only a session that starts the JVM uses it.
 
     Raises:
         SparkUnavailableError: pyspark/pyarrow/pandas missing, or no Java 17-25 found.
@@ -244,8 +302,10 @@ def local_session(
     os.environ["JAVA_HOME"] = java_home
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
+    starts_jvm = getattr(SparkContext, "_gateway", None) is None
     scratch = tempfile.mkdtemp(prefix="delayindex-spark-")
     atexit.register(shutil.rmtree, scratch, True)
     log_config = Path(scratch) / "log4j2.properties"
@@ -254,6 +314,8 @@ def local_session(
         f"{QUICK_START_OPTIONS if quick_start else THROUGHPUT_OPTIONS} "
         f"-Dlog4j2.configurationFile={log_config.as_uri()}"
     )
+    if class_archive is not None and starts_jvm:
+        jvm_options += _archive_options(Path(class_archive))
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -295,3 +357,115 @@ def session_for(master: str = "local[*]", **options: Any) -> Iterator[SparkSessi
     finally:
         if running is None:
             session.stop()
+            if _ARCHIVE_PENDING:
+                stop_jvm()  # the archive is complete only once the JVM has exited
+
+
+def default_class_archive() -> Path | None:
+    """The class archive file the command line's sessions use (module docs): the file named
+    by ``$DELAYINDEX_SPARK_CLASS_ARCHIVE`` (empty or ``off``: None), else
+    ``spark-classes-<hash>.jsa`` in ``$XDG_CACHE_HOME/delayindex`` (default
+    ``~/.cache/delayindex``), the hash naming the Java and pyspark installations. None also
+    when pyspark or a suitable Java is missing. About 150 MB."""
+    chosen = os.environ.get(CLASS_ARCHIVE_ENV)
+    if chosen is not None:
+        return None if chosen.strip().lower() in ("", "off") else Path(chosen)
+    java_home = find_java_home()
+    try:
+        import pyspark
+    except ImportError:
+        return None
+    if java_home is None:
+        return None
+    spark_home = Path(pyspark.__file__).parent
+    jars = sorted(p.name for p in (spark_home / "jars").glob("*.jar"))
+    modules = Path(java_home) / "lib" / "modules"
+    stamp = modules.stat().st_mtime_ns if modules.is_file() else 0
+    key = "\n".join([os.path.realpath(java_home), str(stamp), str(spark_home),
+                     str(pyspark.__version__), *jars])  # fmt: skip
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "delayindex"
+    return cache / f"spark-classes-{digest}.jsa"
+
+
+def _quoted(option: str) -> str | None:
+    """``option`` as one word of Spark's JVM option string; None if it cannot be quoted."""
+    if not any(c.isspace() for c in option):
+        return option
+    return None if '"' in option or "\\" in option else f'"{option}"'
+
+
+def _archive_options(final: Path) -> str:
+    """The JVM flags that use ``final`` if it exists, else write it (via a temporary file that
+    :func:`stop_jvm` renames); empty when neither is possible."""
+    if final.is_file():
+        used = _quoted(f"-XX:SharedArchiveFile={final}")
+        return f" {used} {_CDS_QUIET}" if used else ""
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return ""  # no cache directory: start without an archive
+    now = time.time()
+    for old in final.parent.glob(f"{final.name}.*.tmp"):  # leftovers of killed runs
+        with contextlib.suppress(OSError):
+            if now - old.stat().st_mtime > _STALE_ARCHIVE_SECONDS:
+                old.unlink()
+    temp = final.with_name(f"{final.name}.{uuid.uuid4().hex[:12]}.tmp")
+    written = _quoted(f"-XX:ArchiveClassesAtExit={temp}")
+    if written is None:
+        return ""
+    with _WORKERS_LOCK:
+        if not _ARCHIVE_PENDING:
+            atexit.register(stop_jvm)
+        _ARCHIVE_PENDING.append((temp, final))
+    return f" {written} {_CDS_QUIET}"
+
+
+def _archive_ok(java_home: str, archive: Path) -> bool:
+    """Whether a JVM maps ``archive`` without failing (a truncated one makes it abort)."""
+    try:
+        done = subprocess.run(
+            [os.path.join(java_home, "bin", "java"), _CDS_QUIET,
+             f"-XX:SharedArchiveFile={archive}", "-version"],
+            capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def stop_jvm(timeout: float = 300.0) -> None:
+    """Stop this process's Spark JVM (the gateway pyspark launched) and wait for its exit; then
+    put the class archive it wrote in place (module docs). Stops a running SparkContext first.
+    A later session in this process starts a new JVM. Nothing happens without a JVM."""
+    from pyspark import SparkContext
+
+    with _WORKERS_LOCK:
+        pending = list(_ARCHIVE_PENDING)
+        _ARCHIVE_PENDING.clear()
+    gateway = getattr(SparkContext, "_gateway", None)
+    proc = getattr(gateway, "proc", None)
+    if gateway is not None:
+        active = getattr(SparkContext, "_active_spark_context", None)
+        if active is not None:
+            active.stop()
+        with contextlib.suppress(Exception):  # the JVM may be gone already
+            gateway.shutdown()
+        if proc is not None:
+            with contextlib.suppress(Exception):
+                proc.stdin.close()  # the gateway exits at the end of its stdin
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()  # its archive, if any, is not trusted below
+                proc.wait()
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+    java_home = find_java_home()
+    for temp, final in pending:
+        ok = proc is not None and proc.returncode == 0 and temp.is_file()
+        if ok and java_home is not None and _archive_ok(java_home, temp):
+            with contextlib.suppress(OSError):
+                os.replace(temp, final)
+        with contextlib.suppress(OSError):
+            temp.unlink(missing_ok=True)
