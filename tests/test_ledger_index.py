@@ -109,7 +109,18 @@ class LedgerIndexMachine(RuleBasedStateMachine):
         want = BitMap(e for lg, e in self.model if lg == ledger and first <= e <= last)
         assert self._both("bitmap", ledger, first, last) == want
 
-    @rule(pairs=st.lists(st.tuples(ledgers, st.integers(0, 2**32 - 1) | entries), max_size=40))
+    @rule(
+        pairs=st.lists(
+            st.tuples(
+                ledgers,
+                st.integers(0, 2**32 - 1)
+                | entries
+                | st.integers(-3, -1)  # out of range: absent
+                | st.integers(2**32, 2**32 + 3),
+            ),
+            max_size=40,
+        )
+    )
     def contains_many(self, pairs: list[tuple[int, int]]) -> None:
         ls = np.array([p[0] for p in pairs], dtype=np.int64)
         es = np.array([p[1] for p in pairs], dtype=np.int64)

@@ -350,6 +350,9 @@ cdef class LedgerIndex:
         out = np.zeros(k, dtype=np.bool_)
         cdef uint8_t[::1] view = out.view(np.uint8)
         for i in range(k):
+            # Out of range: absent (a sparse ledger's BitMap would raise on such an id).
+            if es[i] < 0 or es[i] > MAX_ENTRY:
+                continue
             view[i] = self.ccontains(ls[i], es[i])
         return out
 

@@ -106,8 +106,11 @@ class LedgerIndex:
             bm = self._sets.get(int(grouped[a]))
             if bm:
                 rows = order[a:b]
-                members = np.frombuffer(bm.to_array(), dtype=np.uint32)
-                out[rows] = np.isin(es[rows], members)
+                # The members come sorted: a binary search each, no sort of the ledger's set.
+                members = np.frombuffer(bm.to_array(), dtype=np.uint32).astype(np.int64)
+                wanted = es[rows]
+                at = np.minimum(np.searchsorted(members, wanted), len(members) - 1)
+                out[rows] = members[at] == wanted
         return out
 
     def __len__(self) -> int:
