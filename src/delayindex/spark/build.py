@@ -28,7 +28,7 @@ from delayindex.config import TrackerConfig
 from delayindex.errors import SnapshotExistsError
 from delayindex.snapshot.codec import encode_snapshot
 from delayindex.snapshot.format import PreparedSegments, SnapshotMetadata
-from delayindex.spark.scan import Int64Array, Phase, arrow
+from delayindex.spark.scan import Int64Array, Phase, arrow, int64_array, string_array
 from delayindex.storage.file import FileStorage
 from delayindex.storage.manifest import BucketRecord
 
@@ -143,7 +143,10 @@ def _build_partition(params: _BuildParams, batches: Iterator[Any]) -> Iterator[A
                     )  # fmt: skip
             columns = list(zip(*out, strict=True)) if out else [()] * len(schema)
             yield pa.RecordBatch.from_arrays(
-                [pa.array(list(c), f.type) for c, f in zip(columns, schema, strict=True)],
+                [
+                    string_array(c) if f.type == pa.string() else int64_array(c)
+                    for c, f in zip(columns, schema, strict=True)
+                ],
                 schema=schema,
             )
     finally:

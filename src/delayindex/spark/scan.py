@@ -76,6 +76,74 @@ def arrow() -> Any:
     return importlib.import_module("pyarrow")
 
 
+# pyarrow imports pandas, when it is installed, the first time it converts between Arrow and
+# numpy or Python values (to_numpy, pa.array, scalars): half a second of CPU in the driver
+# and in every Python worker, for nothing here. These helpers go through the buffers instead.
+
+
+def int64s(column: Any) -> Int64Array:
+    """The values of an int64 Arrow array or chunked array without nulls, as a read-only numpy
+    view of its buffer (a copy only to join several chunks)."""
+    if hasattr(column, "num_chunks"):
+        if column.num_chunks == 1:
+            column = column.chunk(0)
+        else:
+            column = arrow().concat_arrays(column.chunks) if column.num_chunks else None
+    if column is None or len(column) == 0:
+        return np.empty(0, dtype=np.int64)
+    if column.null_count:
+        raise ValueError("int64s: the column has nulls")
+    values: Int64Array = np.frombuffer(
+        column.buffers()[1], dtype=np.int64, count=len(column), offset=column.offset * 8
+    )
+    return values
+
+
+def int64s_or(column: Any, default: int) -> Int64Array:
+    """The values of an int64 Arrow (chunked) array as numpy, ``default`` where null."""
+    if column.null_count == 0:
+        return int64s(column)
+    chunks = column.chunks if hasattr(column, "chunks") else [column]
+    parts = []
+    for chunk in chunks:
+        if len(chunk) == 0:
+            continue
+        values = np.frombuffer(
+            chunk.buffers()[1], dtype=np.int64, count=len(chunk), offset=chunk.offset * 8
+        )
+        bitmap = chunk.buffers()[0]
+        if chunk.null_count == 0 or bitmap is None:
+            parts.append(values)
+            continue
+        valid = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
+        valid = valid[chunk.offset : chunk.offset + len(chunk)].astype(bool)
+        parts.append(np.where(valid, values, np.int64(default)))
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+def int64_array(values: Any) -> Any:
+    """An Arrow int64 array over a numpy array's memory (no copy when it is int64)."""
+    data = np.ascontiguousarray(values, dtype=np.int64)
+    pa = arrow()
+    return pa.Array.from_buffers(pa.int64(), len(data), [None, pa.py_buffer(data)])
+
+
+def string_array(texts: Sequence[str]) -> Any:
+    """An Arrow string array of ``texts`` (no nulls)."""
+    pa = arrow()
+    encoded = [t.encode() for t in texts]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    data = pa.py_buffer(b"".join(encoded))
+    return pa.Array.from_buffers(pa.string(), len(encoded), [None, pa.py_buffer(offsets), data])
+
+
+def _bool_array(mask: npt.NDArray[np.bool_]) -> Any:
+    pa = arrow()
+    bits = np.packbits(mask, bitorder="little")
+    return pa.Array.from_buffers(pa.bool_(), len(mask), [None, pa.py_buffer(bits)])
+
+
 # -- the dump's files ---------------------------------------------------------------------------
 
 
@@ -406,10 +474,10 @@ def _locators(index: int, groups: Sequence[_Group]) -> Int64Array:
 def _in_slice(table: Any, share: _Slice) -> Any:
     """The rows of ``table`` that belong to ``share``: a zero-copy slice when they are one run
     (a dump in topic order), else a filtered copy."""
-    pa, pc = arrow(), importlib.import_module("pyarrow.compute")
+    pc = importlib.import_module("pyarrow.compute")
     ledger = table.column("ledger_id")
     if ledger.null_count == 0:
-        ids = ledger.to_numpy()
+        ids = int64s(ledger)
         keep = np.ones(len(ids), dtype=bool)
         if share.low is not None:
             keep &= ids >= share.low
@@ -419,7 +487,7 @@ def _in_slice(table: Any, share: _Slice) -> Any:
         first = int(np.argmax(keep)) if count else 0
         if count == 0 or bool(keep[first : first + count].all()):
             return table.slice(first, count)
-        return table.filter(pa.array(keep))
+        return table.filter(_bool_array(keep))
     # Kleene logic: a null id compares to null, and "false and null" must be false.
     mask = pc.is_valid(ledger)
     if share.low is not None:
@@ -447,12 +515,13 @@ def _read_slice(files: Sequence[str], share: _Slice) -> Any:
             [g.group for g in chosen], columns, use_threads=False
         )
         arrays = [read.column(c).cast(pa.int64()) for c in columns]
-        table = pa.Table.from_arrays([*arrays, pa.array(_locators(index, chosen))], names=names)
+        locators = int64_array(_locators(index, chosen))
+        table = pa.Table.from_arrays([*arrays, locators], names=names)
         if not all(share.covers(g) for g in chosen):
             table = _in_slice(table, share)
         tables.append(table)
     if not tables:
-        return pa.table({c: pa.array([], pa.int64()) for c in names})
+        return pa.table({c: pa.nulls(0, pa.int64()) for c in names})
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
@@ -533,7 +602,7 @@ def _scan_table(params: _ScanParams, table: Any) -> Iterator[Any]:
             data.column("deliver_at").to_numpy(),
         )
     else:
-        loc = table.column("loc").to_numpy()
+        loc = int64s(table.column("loc"))
         # Rows per part file (the locator's high bits); a part file count is small.
         per_file = np.bincount(loc >> LOC_SHIFT)
         file_rows = {int(w): int(per_file[w]) for w in np.flatnonzero(per_file)}
@@ -581,9 +650,9 @@ def _scan_table(params: _ScanParams, table: Any) -> Iterator[Any]:
     n = len(unique)
     yield pa.RecordBatch.from_arrays(
         [
-            pa.array(["ledger"] * n, pa.string()),
-            pa.array(unique, pa.int64()),
-            pa.array(counts.astype(np.int64), pa.int64()),
+            string_array(["ledger"] * n),
+            int64_array(unique),
+            int64_array(counts),
             pa.nulls(n, pa.string()),
         ],
         names=["kind", "a", "b", "text"],
@@ -595,19 +664,15 @@ def _clean_rows(table: Any) -> DumpColumns | None:
     """The rows as :func:`~delayindex.dump.check_rows` returns them, when none of its per-row
     checks can fail: no null id, ids in range (the columns are Spark longs, so no wrong type);
     None otherwise, and check_rows decides row by row. Saves its copies on clean dumps."""
-    pc = importlib.import_module("pyarrow.compute")
     ledger, entry = table.column("ledger_id"), table.column("entry_id")
     if ledger.null_count or entry.null_count:
         return None
-    ledgers, entries = ledger.to_numpy(), entry.to_numpy()
+    ledgers, entries = int64s(ledger), int64s(entry)
     if len(ledgers) and (
         ledgers.min() < 0 or entries.min() < 0 or entries.max() >= dumpmod.ENTRY_ID_LIMIT
     ):
         return None
-    deliver = table.column("deliver_at")
-    if deliver.null_count:  # else to_numpy shares the column's memory: no copy
-        deliver = pc.fill_null(deliver, dumpmod.NOT_DELAYED)
-    deliver = deliver.to_numpy()
+    deliver = int64s_or(table.column("deliver_at"), dumpmod.NOT_DELAYED)
     return DumpColumns(ledgers, entries, deliver)  # normalizes negative deliver times
 
 
@@ -624,9 +689,11 @@ def _position_order(ledgers: Int64Array, entries: Int64Array) -> Int64Array | No
 
 
 def _summary_batch(pa: Any, summary: dict[str, Any]) -> Any:
-    return pa.RecordBatch.from_pydict(
-        {"kind": ["summary"], "a": [summary["tracked"]], "b": [0], "text": [json.dumps(summary)]}
-    )
+    return pa.RecordBatch.from_arrays(
+        [string_array(["summary"]), int64_array([summary["tracked"]]), int64_array([0]),
+         string_array([json.dumps(summary)])],
+        names=["kind", "a", "b", "text"],
+    )  # fmt: skip
 
 
 @dataclass
@@ -695,11 +762,11 @@ def _scan(
         scan = functools.partial(_scan_partition, params)
     with phase("scan"):
         table = frame.mapInArrow(scan, _SCAN_SCHEMA).toArrow()
-    pa = arrow()
-    kinds = table.column("kind")
-    ledger_rows = table.filter(pa.compute.equal(kinds, "ledger"))
-    ledgers = ledger_rows.column("a").to_numpy()
-    counts = ledger_rows.column("b").to_numpy()
+    pc = importlib.import_module("pyarrow.compute")
+    texts = table.column("text")  # null on the per-ledger rows, the JSON on the summaries
+    ledger_rows = table.filter(pc.is_null(texts))
+    ledgers = int64s(ledger_rows.column("a"))
+    counts = int64s(ledger_rows.column("b"))
     order = np.argsort(ledgers, kind="stable")
     ledgers, counts = ledgers[order], counts[order]
     if len(ledgers) > 1 and bool(np.any(ledgers[1:] == ledgers[:-1])):
@@ -711,7 +778,7 @@ def _scan(
     scratch: list[tuple[str, int]] = []
     totals = {"kept": 0, "tracked": 0, "not_delayed": 0, "due": 0, "acked": 0}
     cutoff = rebuild.cutoff_for(params.now_ms, params.config)
-    for text in table.filter(pa.compute.equal(kinds, "summary")).column("text").to_pylist():
+    for text in table.filter(pc.is_valid(texts)).column("text").to_pylist():
         summary = json.loads(text)
         rejects.merge(RejectReport.from_json(summary["report"]))
         for index, count in summary["files"].items():

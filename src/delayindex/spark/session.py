@@ -228,14 +228,18 @@ def check_workers(spark: Any) -> str | None:
 
     def arrow_probe(batches: Iterator[Any]) -> Iterator[Any]:
         import importlib as worker_importlib
+        import sys as worker_sys
 
         worker_pa = worker_importlib.import_module("pyarrow")
         for _ in batches:
             pass
-        answer = list(probe(()))
-        yield worker_pa.RecordBatch.from_arrays(
-            [worker_pa.array(answer, worker_pa.string())], names=["answer"]
+        answer = "".join(probe(())).encode()
+        # From buffers: pa.array would import pandas (seconds of CPU) in a worker.
+        offsets = worker_pa.py_buffer(bytes(4) + len(answer).to_bytes(4, worker_sys.byteorder))
+        array = worker_pa.Array.from_buffers(
+            worker_pa.string(), 1, [None, offsets, worker_pa.py_buffer(answer)]
         )
+        yield worker_pa.RecordBatch.from_arrays([array], names=["answer"])
 
     fix = _WORKER_FIX.format(python=sys.executable)
     tasks = max(1, int(sc.defaultParallelism))
