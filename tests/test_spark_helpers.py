@@ -271,3 +271,21 @@ def test_the_class_archive_follows_its_environment_variable(
         assert found is not None and found.parent == tmp_path / "cache" / "delayindex"
         assert found.name.startswith("spark-classes-") and found.suffix == ".jsa"
         assert session.default_class_archive() == found
+
+
+def test_arrow_buffers_to_and_from_numpy_without_pandas() -> None:
+    import pyarrow as pa
+
+    from delayindex.spark.scan import int64_array, int64s, int64s_or, string_array
+
+    gappy = pa.chunked_array(
+        [pa.array([1, None, 3], pa.int64()).slice(1), pa.array([4, None], pa.int64())]
+    )
+    assert int64s_or(gappy, -1).tolist() == [-1, 3, 4, -1]
+    whole = pa.chunked_array([pa.array([7, 8, 9], pa.int64()).slice(1), pa.array([10], pa.int64())])
+    assert int64s(whole).tolist() == [8, 9, 10] and int64s(whole.chunk(0)).tolist() == [8, 9]
+    assert int64s(pa.chunked_array([], pa.int64())).tolist() == []
+    with pytest.raises(ValueError, match="nulls"):
+        int64s(gappy)
+    assert int64_array([5, -6]).to_pylist() == [5, -6]
+    assert string_array(["a", "", "héllo"]).to_pylist() == ["a", "", "héllo"]
