@@ -245,18 +245,29 @@ def _pack_chunk(
     counts = np.diff(bounds)
     seg_of = np.repeat(np.arange(len(counts)), counts)
     offsets = times[lo:hi].astype(np.uint64) - mins.astype(np.uint64)[seg_of]
-    # Every value's 64 bits LSB first, then the first bit_length(span) of each, in order.
-    all_bits = np.unpackbits(offsets.astype("<u8").view(np.uint8).reshape(-1, 8), axis=1,
-                             bitorder="little")  # fmt: skip
-    stream = all_bits[np.arange(64) < bits[seg_of][:, None]]
-    # Each segment's payload ends on a byte boundary: zero bits after its last value.
+    # Each segment's payload starts on a byte boundary and pads its last byte with zeros.
     seg_bits = counts * bits
-    pad = -seg_bits % 8
-    ends = np.cumsum(seg_bits)
-    stream = np.insert(stream, np.repeat(ends, pad), 0)
-    raw = np.packbits(stream, bitorder="little").tobytes()
-    seg_bytes = (seg_bits + pad) // 8
+    seg_bytes = (seg_bits + 7) // 8
     at = np.cumsum(seg_bytes) - seg_bytes
+    if len(bits) and int(bits.max()) <= 57:
+        # A value of at most 57 bits, shifted to its first bit's place in its first byte,
+        # fits one 64-bit word: its 8 bytes go to 8 consecutive payload bytes. Values share no
+        # bit, so summing every contribution to a byte is OR-ing them.
+        element_bits = np.repeat(bits, counts)
+        first_bit = np.repeat(8 * at, counts) + _ragged_arange(counts) * element_bits
+        words = offsets << (first_bit & 7).astype(np.uint64)
+        lanes = words.astype("<u8").view(np.uint8).reshape(-1, 8)
+        address = (first_bit >> 3)[:, None] + np.arange(8)
+        total = np.bincount(address.ravel(), weights=lanes.ravel(), minlength=int(seg_bytes.sum()))
+        raw = total[: int(seg_bytes.sum())].astype(np.uint8).tobytes()
+    else:
+        # Every value's 64 bits LSB first, then the first bit_length(span) of each, in order.
+        all_bits = np.unpackbits(offsets.astype("<u8").view(np.uint8).reshape(-1, 8), axis=1,
+                                 bitorder="little")  # fmt: skip
+        stream = all_bits[np.arange(64) < bits[seg_of][:, None]]
+        pad = seg_bytes * 8 - seg_bits
+        stream = np.insert(stream, np.repeat(np.cumsum(seg_bits), pad), 0)
+        raw = np.packbits(stream, bitorder="little").tobytes()
     return [raw[a : a + k] for a, k in zip(at.tolist(), seg_bytes.tolist(), strict=True)]
 
 
