@@ -25,6 +25,10 @@ into the future so all of them are tracked.
     SortedList run the same loop for comparison (their longest calls are heap reallocations and
     GC pauses); the benchmark's time is the whole timed loop. Rows are streamed from the int64
     arrays 4096 at a time, as a dispatcher reading its topic holds them.
+``fill-scaling-<n>``
+    ``add_many`` + ``flush`` of ``n`` messages against ``n / 10`` (before and after), each in a
+    fresh process (``scale_probe.py``), on each build: ``extra_info["ratio"]`` (linear: 10; the
+    pure build's bar at 1e7: 12) and each thread's CPU seconds.
 
 Run::
 

@@ -12,7 +12,7 @@ Run (benchmarks are disabled by the project's default ``addopts``, hence ``--ben
   (Spark) unless their file is named on the command line; full runs 1e5, 1e6 and 1e7 (memory
   too) and every group. ``--bench-sizes
   100000,1000000`` overrides the tier's sizes (memory sizes included). The fixed-size groups
-  (``heap-batch-*``, ``reopen-*``, ``seal-latency-*``) use the largest size.
+  (``heap-batch-*``, ``reopen-*``, ``seal-latency-*``, ``fill-scaling-*``) use the largest size.
 * Every group measures the same operation on the structures of ``support.TRACKER_KINDS`` where
   it applies: DelayIndex and InMemoryTracker (native), both again on the pure-Python build in
   this process (``support.pure_build``), and the baselines heapq + set, SortedList + set and a
