@@ -10,7 +10,8 @@ file is named on the command line):
 
 ``rebuild``
     ``delayindex.spark.rebuild`` on a ``local[2]`` session with the full JIT (``quick_start=
-    False``, as ``delayindex rebuild`` uses for large dumps), default TrackerConfig, into a
+    False``, as ``delayindex rebuild`` uses for large dumps the scan must shuffle; this dump, in
+    topic order, is scanned by ledger range), default TrackerConfig, into a
     fresh FileStorage each round: reading, validation, planning, building, writing, committing.
     The first run in the JVM is untimed (JIT warm-up) and reported as ``cold_seconds``; three
     timed rounds follow. ``extra_info``: msg/s of the best and the cold run, phases, buckets.
