@@ -262,9 +262,11 @@ def test_the_class_archive_follows_its_environment_variable(
     for off in ("", "off", " OFF "):
         monkeypatch.setenv(session.CLASS_ARCHIVE_ENV, off)
         assert session.default_class_archive() is None
+    monkeypatch.delenv(session.CLASS_ARCHIVE_ENV)
+    assert session.default_class_archive() is None  # opt-in: nothing written unasked
     monkeypatch.setenv(session.CLASS_ARCHIVE_ENV, str(tmp_path / "a.jsa"))
     assert session.default_class_archive() == tmp_path / "a.jsa"
-    monkeypatch.delenv(session.CLASS_ARCHIVE_ENV)
+    monkeypatch.setenv(session.CLASS_ARCHIVE_ENV, " On ")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     found = session.default_class_archive()
     if session.find_java_home() is not None:  # named after this Java and this pyspark

@@ -4,11 +4,11 @@
 (``delayindex.spark.verify``, or in-process with ``--no-spark``). Both share their options,
 the TrackerConfig they assemble from them, the Spark session and the error mapping.
 
-The session they start keeps a class archive of Spark's JVM classes (about 150 MB, written by
-the first run as its JVM exits, which makes that run about half a minute longer) in
-``~/.cache/delayindex`` (``$XDG_CACHE_HOME``): later runs start their JVM with about half the
-CPU (10 M rows: 15 s instead of 22 s in all). ``DELAYINDEX_SPARK_CLASS_ARCHIVE`` names another file,
-or ``off`` (``delayindex.spark.default_class_archive``).
+With ``DELAYINDEX_SPARK_CLASS_ARCHIVE=on`` (or a file name), the session they start keeps a
+class archive of Spark's JVM classes (about 150 MB, written by the first run as its JVM exits,
+which makes that run about half a minute longer) in ``~/.cache/delayindex``
+(``$XDG_CACHE_HOME``): later runs start their JVM with about half the CPU (10 M rows: 15 s
+instead of 22 s in all). Off by default (``delayindex.spark.default_class_archive``).
 """
 
 from __future__ import annotations

@@ -366,14 +366,19 @@ def session_for(master: str = "local[*]", **options: Any) -> Iterator[SparkSessi
 
 
 def default_class_archive() -> Path | None:
-    """The class archive file the command line's sessions use (module docs): the file named
-    by ``$DELAYINDEX_SPARK_CLASS_ARCHIVE`` (empty or ``off``: None), else
+    """The class archive file the command line's sessions use (module docs), opt-in through
+    ``$DELAYINDEX_SPARK_CLASS_ARCHIVE``: unset, empty or ``off``: None (no archive); ``on``:
     ``spark-classes-<hash>.jsa`` in ``$XDG_CACHE_HOME/delayindex`` (default
-    ``~/.cache/delayindex``), the hash naming the Java and pyspark installations. None also
-    when pyspark or a suitable Java is missing. About 150 MB."""
-    chosen = os.environ.get(CLASS_ARCHIVE_ENV)
-    if chosen is not None:
-        return None if chosen.strip().lower() in ("", "off") else Path(chosen)
+    ``~/.cache/delayindex``), the hash naming the Java and pyspark installations; anything
+    else: that file. None also when pyspark or a suitable Java is missing. About 150 MB.
+
+    Opt-in because the first run pays for writing it (about half a minute) and it is a large
+    file left in the user's cache, which an operator should choose to have."""
+    chosen = (os.environ.get(CLASS_ARCHIVE_ENV) or "").strip()
+    if chosen.lower() in ("", "off"):
+        return None
+    if chosen.lower() != "on":
+        return Path(chosen)
     java_home = find_java_home()
     try:
         import pyspark
