@@ -18,14 +18,8 @@ from delayindex.cli import _mark_delete
 from delayindex.dump import RejectReport
 from delayindex.spark import SparkUnavailableError, local_session, session
 from delayindex.spark.job import LOC_SHIFT, _check_args, _locate_examples
-from delayindex.spark.scan import (
-    _Dump,
-    _plan_slices,
-    _read_slice,
-    _resolve_dump,
-    _sorted_groups,
-    scans_without_shuffle,
-)
+from delayindex.spark.scan import _Dump, _resolve_dump, _sorted_groups, scans_without_shuffle
+from delayindex.spark.slices import plan_slices, read_slice
 
 
 def _fake_java(home: Path, version_line: str) -> Path:
@@ -205,7 +199,7 @@ def test_slices_cover_every_ledger_once_and_balance_the_rows(tmp_path: Path) -> 
     assert groups is not None and len(groups) == 16
     assert scans_without_shuffle(dump)
     for partitions in (1, 2, 3, 7, 40):
-        slices = _plan_slices(groups, partitions)
+        slices = plan_slices(groups, partitions)
         assert len(slices) == partitions
         assert [s.nulls for s in slices] == [True] + [False] * (partitions - 1)
         owners = {lg: [k for k, s in enumerate(slices) if _owns(s, lg)] for lg in range(102)}
@@ -215,7 +209,7 @@ def test_slices_cover_every_ledger_once_and_balance_the_rows(tmp_path: Path) -> 
                 assert g.low is not None and g.high is not None
                 holds = any(_owns(s, lg) for lg in range(g.low, g.high + 1))
                 assert (g in s.groups) == (holds or (k == 0 and g.nulls))
-        read = [_read_slice(source.files, s) for s in slices]  # what the tasks read
+        read = [read_slice(source.files, s) for s in slices]  # what the tasks read
         locs = sorted(loc for table in read for loc in table.column("loc").to_pylist())
         assert locs == list(range(1000))  # every row, once: the null one too
         assert read[0].column("ledger_id").null_count == 1
@@ -278,7 +272,7 @@ def test_the_class_archive_follows_its_environment_variable(
 def test_arrow_buffers_to_and_from_numpy_without_pandas() -> None:
     import pyarrow as pa
 
-    from delayindex.spark.scan import int64_array, int64s, int64s_or, string_array
+    from delayindex.spark.arrowbuf import int64_array, int64s, int64s_or, string_array
 
     gappy = pa.chunked_array(
         [pa.array([1, None, 3], pa.int64()).slice(1), pa.array([4, None], pa.int64())]

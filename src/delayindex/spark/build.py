@@ -28,7 +28,8 @@ from delayindex.config import TrackerConfig
 from delayindex.errors import SnapshotExistsError
 from delayindex.snapshot.codec import encode_snapshot
 from delayindex.snapshot.format import PreparedSegments, SnapshotMetadata
-from delayindex.spark.scan import Int64Array, Phase, arrow, int64_array, string_array
+from delayindex.spark.arrowbuf import Int64Array, arrow, int64_array, string_array
+from delayindex.spark.scan import Phase
 from delayindex.storage.file import FileStorage
 from delayindex.storage.manifest import BucketRecord
 

@@ -72,11 +72,13 @@ from delayindex import rebuild
 from delayindex.clock import wall_clock_ms
 from delayindex.config import TrackerConfig
 from delayindex.dump import DumpError, RejectReport
+from delayindex.spark.arrowbuf import Int64Array
 from delayindex.spark.build import _write_reserved as _write_reserved  # tests import it here
 from delayindex.spark.build import build_step
-from delayindex.spark.scan import LOC_SHIFT, Int64Array, _Dump, _resolve_dump, _scan, _ScanParams
+from delayindex.spark.scan import _Dump, _resolve_dump, _scan, _ScanParams
 from delayindex.spark.scan import _locate_examples as _locate_examples  # tests import it here
 from delayindex.spark.session import ARROW_BATCH_ROWS, check_workers
+from delayindex.spark.slices import LOC_SHIFT
 from delayindex.storage.catalog import CrashHook
 from delayindex.storage.file import FileStorage
 

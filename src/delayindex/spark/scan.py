@@ -5,7 +5,7 @@ deduplicates and classifies their rows, writes its tracked rows to one scratch f
 its counts. Every row carries a locator ``file index << LOC_SHIFT | row in file``. Three ways to
 give each task whole ledgers, the first that applies:
 
-1. **By ledger range, no shuffle** (:func:`_sorted_groups`, :func:`_plan_slices`): a local
+1. **By ledger range, no shuffle** (:mod:`delayindex.spark.slices`): a local
    Parquet dump with integer columns whose row groups' ``ledger_id`` statistics do not overlap
    (a topic dump written in topic order). The driver reads only the files' footers and cuts the
    ledger ids into P ranges of about equal rows (interpolating within row groups); a task
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import itertools
 import json
 import os
 import re
@@ -52,96 +51,35 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import numpy as np
-import numpy.typing as npt
 
 from delayindex import dump as dumpmod
 from delayindex import rebuild
 from delayindex.config import TrackerConfig
 from delayindex.dump import DumpColumns, DumpError, RejectReport
+from delayindex.spark.arrowbuf import (
+    Int64Array,
+    arrow,
+    int64_array,
+    int64s,
+    int64s_or,
+    string_array,
+)
+from delayindex.spark.slices import (
+    LOC_SHIFT,
+    RowGroup,
+    Slice,
+    plan_slices,
+    read_slice,
+    row_groups,
+)
 
-Int64Array = npt.NDArray[np.int64]
 #: Runs one phase's Spark jobs (``Watcher.phase``: job group and progress reports).
 Phase = Callable[[str], AbstractContextManager[None]]
-#: A row's locator is ``file_index << LOC_SHIFT | row_in_file`` (2**40 rows per part file).
-LOC_SHIFT = 40
 _LOC_MASK = (1 << LOC_SHIFT) - 1
 _SCAN_SCHEMA = "kind string, a long, b long, text string"
 _ROWS_SCHEMA = "ledger_id long, entry_id long, deliver_at long, loc long, report string"
 _ROW_REF = re.compile(r"\brow (\d+)")
 _INTEGER_TYPES = ("LongType", "IntegerType", "ShortType", "ByteType")
-
-
-def arrow() -> Any:
-    """The pyarrow module (it has no type hints; imported when a job runs)."""
-    return importlib.import_module("pyarrow")
-
-
-# pyarrow imports pandas, when it is installed, the first time it converts between Arrow and
-# numpy or Python values (to_numpy, pa.array, scalars): half a second of CPU in the driver
-# and in every Python worker, for nothing here. These helpers go through the buffers instead.
-
-
-def int64s(column: Any) -> Int64Array:
-    """The values of an int64 Arrow array or chunked array without nulls, as a read-only numpy
-    view of its buffer (a copy only to join several chunks)."""
-    if hasattr(column, "num_chunks"):
-        if column.num_chunks == 1:
-            column = column.chunk(0)
-        else:
-            column = arrow().concat_arrays(column.chunks) if column.num_chunks else None
-    if column is None or len(column) == 0:
-        return np.empty(0, dtype=np.int64)
-    if column.null_count:
-        raise ValueError("int64s: the column has nulls")
-    values: Int64Array = np.frombuffer(
-        column.buffers()[1], dtype=np.int64, count=len(column), offset=column.offset * 8
-    )
-    return values
-
-
-def int64s_or(column: Any, default: int) -> Int64Array:
-    """The values of an int64 Arrow (chunked) array as numpy, ``default`` where null."""
-    if column.null_count == 0:
-        return int64s(column)
-    chunks = column.chunks if hasattr(column, "chunks") else [column]
-    parts = []
-    for chunk in chunks:
-        if len(chunk) == 0:
-            continue
-        values = np.frombuffer(
-            chunk.buffers()[1], dtype=np.int64, count=len(chunk), offset=chunk.offset * 8
-        )
-        bitmap = chunk.buffers()[0]
-        if chunk.null_count == 0 or bitmap is None:
-            parts.append(values)
-            continue
-        valid = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
-        valid = valid[chunk.offset : chunk.offset + len(chunk)].astype(bool)
-        parts.append(np.where(valid, values, np.int64(default)))
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-
-
-def int64_array(values: Any) -> Any:
-    """An Arrow int64 array over a numpy array's memory (no copy when it is int64)."""
-    data = np.ascontiguousarray(values, dtype=np.int64)
-    pa = arrow()
-    return pa.Array.from_buffers(pa.int64(), len(data), [None, pa.py_buffer(data)])
-
-
-def string_array(texts: Sequence[str]) -> Any:
-    """An Arrow string array of ``texts`` (no nulls)."""
-    pa = arrow()
-    encoded = [t.encode() for t in texts]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
-    np.cumsum([len(e) for e in encoded], out=offsets[1:])
-    data = pa.py_buffer(b"".join(encoded))
-    return pa.Array.from_buffers(pa.string(), len(encoded), [None, pa.py_buffer(offsets), data])
-
-
-def _bool_array(mask: npt.NDArray[np.bool_]) -> Any:
-    pa = arrow()
-    bits = np.packbits(mask, bitorder="little")
-    return pa.Array.from_buffers(pa.bool_(), len(mask), [None, pa.py_buffer(bits)])
 
 
 # -- the dump's files ---------------------------------------------------------------------------
@@ -300,239 +238,17 @@ def _file_frame(spark: Any, source: _Dump, partitions: int) -> Any:
     return spark.range(0, len(files), 1, tasks).mapInArrow(reader, _ROWS_SCHEMA)
 
 
-# -- by ledger range, without a shuffle ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Group:
-    """One Parquet row group of a dump, with its ledger ids' range from the file's footer."""
-
-    file: int  # index into the dump's files (the locator's file index)
-    group: int  # row group number within the file
-    first_row: int  # its first row's number within the file
-    rows: int
-    low: int | None  # lowest and highest ledger id; None: the group holds only nulls
-    high: int | None
-    nulls: bool  # may hold rows with a null ledger id
-
-
-@dataclass(frozen=True)
-class _Slice:
-    """One scan task's share: the ledger ids in ``[low, high)`` (None: unbounded), the null
-    ones too when ``nulls``, and the row groups that may hold them."""
-
-    low: int | None
-    high: int | None
-    nulls: bool
-    groups: tuple[_Group, ...]
-
-    def holds(self, group: _Group) -> bool:
-        """Whether ``group`` may hold a row of this slice."""
-        if self.nulls and group.nulls:
-            return True
-        if group.low is None or group.high is None:
-            return False
-        if self.low is not None and self.high is not None and self.low >= self.high:
-            return False  # an empty range
-        return (self.low is None or group.high >= self.low) and (
-            self.high is None or group.low < self.high
-        )
-
-    def covers(self, group: _Group) -> bool:
-        """Whether every row of ``group`` belongs to this slice (no filter needed)."""
-        if group.nulls and not self.nulls:
-            return False
-        if group.low is None or group.high is None:
-            return self.nulls
-        return (self.low is None or group.low >= self.low) and (
-            self.high is None or group.high < self.high
-        )
-
-
-def _integer_type(pa: Any, dtype: Any) -> bool:
-    """Whether Spark reads a Parquet column of this Arrow type as an integer type (the rule
-    :func:`_columnar_frame` applies: Spark reads a uint64 column as a decimal)."""
-    return bool(pa.types.is_integer(dtype)) and not pa.types.is_uint64(dtype)
-
-
-def _file_groups(pa: Any, pq: Any, index: int, path: str) -> list[_Group] | None:
-    """The row groups of one Parquet part file, or None when it cannot be split by ledger."""
-    try:
-        meta = pq.ParquetFile(path).metadata
-    except (pa.ArrowException, OSError):
-        return None  # the Spark read reports it as read_dump would
-    schema = meta.schema.to_arrow_schema()
-    names = schema.names
-    if any(c not in names for c in dumpmod.REQUIRED_COLUMNS):
-        return None  # so does a missing column
-    if any(c in names and not _integer_type(pa, schema.field(c).type) for c in dumpmod.COLUMNS):
-        return None  # parsed row by row, file by file
-    if not pa.types.is_signed_integer(schema.field("ledger_id").type):
-        return None  # unsigned statistics may be ordered as signed by old writers
-    paths = [meta.schema.column(i).path for i in range(meta.num_columns)]
-    if "ledger_id" not in paths:
-        return None  # a nested schema: leave it to Spark
-    column = paths.index("ledger_id")
-    groups: list[_Group] = []
-    first = 0
-    for number in range(meta.num_row_groups):
-        group = meta.row_group(number)
-        rows = group.num_rows
-        stats = group.column(column).statistics
-        if rows and stats is None:
-            return None
-        nulls = rows > 0 and (not stats.has_null_count or stats.null_count > 0)
-        if rows == 0:
-            pass
-        elif stats.has_min_max:
-            groups.append(_Group(index, number, first, rows, int(stats.min), int(stats.max), nulls))
-        elif stats.has_null_count and stats.null_count == rows:
-            groups.append(_Group(index, number, first, rows, None, None, True))
-        else:
-            return None
-        first += rows
-    return groups
-
-
-def _sorted_groups(source: _Dump) -> tuple[_Group, ...] | None:
-    """The dump's row groups when tasks can take ledger ranges without a shuffle (module docs,
-    way 1): a local Parquet dump, integer columns, ledger statistics in every row group, and
-    no two row groups whose ledger ranges overlap (sharing one ledger at an edge is fine).
-    None otherwise."""
-    if source.fmt != "parquet" or not _is_local(source.path) or not source.files:
-        return None
-    pa, pq = arrow(), importlib.import_module("pyarrow.parquet")
-    groups: list[_Group] = []
-    for index, path in enumerate(source.files):
-        found = _file_groups(pa, pq, index, path)
-        if found is None:
-            return None
-        groups.extend(found)
-    ranged = sorted((g.low, g.high) for g in groups if g.low is not None and g.high is not None)
-    for (_, high), (low, _) in itertools.pairwise(ranged):
-        if low < high:
-            return None  # overlapping ranges: each task would read most of the dump
-    return tuple(groups)
-
-
-def _cuts(groups: Sequence[_Group], partitions: int) -> list[int]:
-    """``partitions - 1`` ledger ids that split the rows into about equal shares, assuming
-    the ids of a row group spread evenly over its range."""
-    ranged = [(g.low, g.high, g.rows) for g in groups if g.low is not None and g.high is not None]
-    if not ranged or partitions < 2:
-        return []
-    lows = np.array([float(low) for low, _, _ in ranged])
-    spans = np.array([float(high) - float(low) + 1.0 for low, high, _ in ranged])
-    rows = np.array([float(n) for _, _, n in ranged])
-    total = float(rows.sum())
-
-    def below(ledger: int) -> float:
-        return float((rows * np.clip((float(ledger) - lows) / spans, 0.0, 1.0)).sum())
-
-    first = min(low for low, _, _ in ranged)
-    last = max(high for _, high, _ in ranged) + 1
-    cuts = []
-    for k in range(1, partitions):
-        target = total * k / partitions
-        lo, hi = first, last
-        while lo < hi:  # the lowest ledger id with at least ``target`` rows below it
-            mid = (lo + hi) // 2
-            if below(mid) >= target:
-                hi = mid
-            else:
-                lo = mid + 1
-        cuts.append(lo)
-    return cuts
-
-
-def _plan_slices(groups: Sequence[_Group], partitions: int) -> tuple[_Slice, ...]:
-    """``partitions`` slices whose ledger ranges cover every id once (task 0 also takes the
-    null ones), each with the row groups it reads."""
-    bounds: list[int | None] = [None, *_cuts(groups, partitions), None]
-    bounds += [None] * (partitions + 1 - len(bounds))  # no ranged group: the rest is empty
-    slices = []
-    for k in range(partitions):
-        low, high = bounds[k], bounds[k + 1]
-        if k > 0 and low is None:
-            low = high = 0  # an empty range
-        empty = _Slice(low, high, k == 0, ())
-        slices.append(_Slice(low, high, k == 0, tuple(g for g in groups if empty.holds(g))))
-    return tuple(slices)
-
-
-def _locators(index: int, groups: Sequence[_Group]) -> Int64Array:
-    """The locators of the rows of ``groups`` (of part file ``index``), in one new array."""
-    loc = np.empty(sum(g.rows for g in groups), dtype=np.int64)
-    at = 0
-    for g in groups:
-        start = (index << LOC_SHIFT) + g.first_row
-        loc[at : at + g.rows] = np.arange(start, start + g.rows, dtype=np.int64)
-        at += g.rows
-    return loc
-
-
-def _in_slice(table: Any, share: _Slice) -> Any:
-    """The rows of ``table`` that belong to ``share``: a zero-copy slice when they are one run
-    (a dump in topic order), else a filtered copy."""
-    pc = importlib.import_module("pyarrow.compute")
-    ledger = table.column("ledger_id")
-    if ledger.null_count == 0:
-        ids = int64s(ledger)
-        keep = np.ones(len(ids), dtype=bool)
-        if share.low is not None:
-            keep &= ids >= share.low
-        if share.high is not None:
-            keep &= ids < share.high
-        count = int(np.count_nonzero(keep))
-        first = int(np.argmax(keep)) if count else 0
-        if count == 0 or bool(keep[first : first + count].all()):
-            return table.slice(first, count)
-        return table.filter(_bool_array(keep))
-    # Kleene logic: a null id compares to null, and "false and null" must be false.
-    mask = pc.is_valid(ledger)
-    if share.low is not None:
-        mask = pc.and_kleene(mask, pc.greater_equal(ledger, share.low))
-    if share.high is not None:
-        mask = pc.and_kleene(mask, pc.less(ledger, share.high))
-    if share.nulls:
-        mask = pc.or_kleene(mask, pc.is_null(ledger))
-    return table.filter(mask)
-
-
-def _read_slice(files: Sequence[str], share: _Slice) -> Any:
-    """Executor: the rows of ``share`` as ``ledger_id, entry_id, deliver_at, loc`` (int64), in
-    file and row order."""
-    pa, pq = arrow(), importlib.import_module("pyarrow.parquet")
-    columns = list(dumpmod.REQUIRED_COLUMNS)
-    names = [*columns, "loc"]
-    by_file: dict[int, list[_Group]] = {}
-    for group in share.groups:
-        by_file.setdefault(group.file, []).append(group)
-    tables = []
-    for index, chosen in sorted(by_file.items()):
-        # Memory-mapped, one thread: measured faster here, and tasks already fill the cores.
-        read = pq.ParquetFile(files[index], memory_map=True).read_row_groups(
-            [g.group for g in chosen], columns, use_threads=False
-        )
-        arrays = [read.column(c).cast(pa.int64()) for c in columns]
-        locators = int64_array(_locators(index, chosen))
-        table = pa.Table.from_arrays([*arrays, locators], names=names)
-        if not all(share.covers(g) for g in chosen):
-            table = _in_slice(table, share)
-        tables.append(table)
-    if not tables:
-        return pa.table({c: pa.nulls(0, pa.int64()) for c in names})
-    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+# -- by ledger range, without a shuffle (delayindex.spark.slices) ----------------------------------
 
 
 def _scan_slices(
-    params: _ScanParams, files: Sequence[str], slices: Sequence[_Slice], batches: Iterator[Any]
+    params: _ScanParams, files: Sequence[str], slices: Sequence[Slice], batches: Iterator[Any]
 ) -> Iterator[Any]:
     """Executor, way 1: read each slice whose number arrives, then scan it as a shuffled
     partition is scanned."""
     for batch in batches:
         for number in batch.column(0).to_pylist():
-            yield from _scan_table(params, _read_slice(files, slices[number]))
+            yield from _scan_table(params, read_slice(files, slices[number]))
 
 
 def scans_without_shuffle(dump: str | os.PathLike[str], fmt: str | None = None) -> bool:
@@ -543,6 +259,14 @@ def scans_without_shuffle(dump: str | os.PathLike[str], fmt: str | None = None) 
         FileNotFoundError, DumpError: as :func:`check_dump`.
     """
     return _sorted_groups(_resolve_dump(dump, fmt)) is not None
+
+
+def _sorted_groups(source: _Dump) -> tuple[RowGroup, ...] | None:
+    """A local Parquet dump's row groups when it can be split by ledger range without a
+    shuffle (:func:`delayindex.spark.slices.row_groups`), else None."""
+    if source.fmt != "parquet" or not _is_local(source.path):
+        return None
+    return row_groups(source.files)
 
 
 # -- the scan ------------------------------------------------------------------------------------
@@ -748,7 +472,7 @@ def _scan(
     """Run the scan job (under ``phase("scan")``) and merge what its tasks report."""
     groups = _sorted_groups(source)
     if groups is not None:  # way 1: ledger ranges, no shuffle
-        slices = _plan_slices(groups, partitions)
+        slices = plan_slices(groups, partitions)
         scan = functools.partial(_scan_slices, params, source.files, slices)
         frame, labels = spark.range(0, partitions, 1, partitions), source.labels
     else:
