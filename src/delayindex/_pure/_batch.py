@@ -58,10 +58,6 @@ def _get_u16(raw: npt.NDArray[np.uint8], at: Int64Array) -> Int64Array:
     return raw[at].astype(np.int64) | (raw[at + 1].astype(np.int64) << 8)
 
 
-def _get_u32(raw: npt.NDArray[np.uint8], at: Int64Array) -> Int64Array:
-    return _get_u16(raw, at) | (_get_u16(raw, at + 2) << 16)
-
-
 def write_groups(values: UInt32Array, bounds: Int64Array) -> tuple[bytes, Int64Array, BoolArray]:
     """Portable roaring bytes of the non-empty groups ``values[bounds[g]:bounds[g + 1]]`` (each
     ascending and distinct) that fit one chunk with at most 4096 values.
