@@ -70,6 +70,7 @@ from delayindex.workload import DAY_MS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import calibration
 from baselines import HeapqSetTracker, RedisZsetTracker, SortedListSetTracker, delayed_subset
 from memwatch import PeakMemory, PeakMemoryWatch
 from support import (
@@ -393,6 +394,23 @@ def _frozen_inputs() -> Iterator[None]:
     gc.freeze()
     yield
     gc.unfreeze()
+
+
+@pytest.fixture(autouse=True)
+def _calibrated(request: pytest.FixtureRequest) -> Iterator[None]:
+    """In a calibrated tier, each benchmark's ``extra_info["calibrated"]``: the median of its
+    timed calls' time over the machine's speed at the moment (``calibration``)."""
+    if not tier(request.config).calibrated:
+        yield
+        return
+    calibration.begin()
+    try:
+        yield
+    finally:
+        figure = calibration.end()
+    bench = request.node.funcargs.get("benchmark")
+    if figure is not None and bench is not None:
+        bench.extra_info[calibration.INFO_KEY] = figure
 
 
 # -- Redis ----------------------------------------------------------------------------------------

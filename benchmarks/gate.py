@@ -81,6 +81,7 @@ from typing import Any
 
 # Loaded by path (the CLI, the tests) as well as run as a script: find the sibling module.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import calibration
 import gate_confirm
 
 DEFAULT_BASELINE = Path(__file__).resolve().parent / "baseline-quick.json"
@@ -102,6 +103,7 @@ KEPT_INFO = (
     "manifest_writes_per_seal",
     "slowdown_injected",
     "ungated",
+    calibration.INFO_KEY,
 )
 
 Key = tuple[str, str]
@@ -118,7 +120,7 @@ class Ratio:
     group: str
     name: str
     label: str
-    metric: str  # "time" or "bytes/msg"
+    metric: str  # "time", "calibrated" (over the machine's speed: calibration) or "bytes/msg"
     value: float
     ratio: float | None  # None: the group has no single heapq row
 
@@ -152,7 +154,23 @@ def _records_of(data: Any, path: Path) -> list[dict[str, Any]]:
 def _figure(record: dict[str, Any], memory: bool) -> float:
     if memory:
         return float(record["extra_info"]["rss_bytes_per_msg"])
+    if calibration.INFO_KEY in record["extra_info"]:
+        return float(record["extra_info"][calibration.INFO_KEY])
     return float(record["stats"]["min"])
+
+
+def _metric(record: dict[str, Any], memory: bool) -> str:
+    if memory:
+        return "bytes/msg"
+    return "calibrated" if calibration.INFO_KEY in record["extra_info"] else "time"
+
+
+def _comparable(now: Ratio, before: Ratio | None) -> bool:
+    """Both time figures of one kind (a calibrated figure is not compared with a raw time)."""
+    return (
+        before is not None and now.metric == before.metric and now.metric != "bytes/msg"
+        and before.value > 0
+    )  # fmt: skip
 
 
 def ratios(records: Iterable[dict[str, Any]]) -> dict[Key, Ratio]:
@@ -175,7 +193,7 @@ def ratios(records: Iterable[dict[str, Any]]) -> dict[Key, Ratio]:
                 group=group,
                 name=name,
                 label=str(record["extra_info"].get("label") or name),
-                metric="bytes/msg" if memory else "time",
+                metric=_metric(record, memory),
                 value=value,
                 ratio=ratio,
             )
@@ -209,7 +227,9 @@ def simulate_slowdown(
                 k: v * factor if k in _TIME_STATS and isinstance(v, int | float) else v
                 for k, v in record["stats"].items()
             }
-            record = {**record, "stats": stats}
+            if calibration.INFO_KEY in info:
+                info = {**info, calibration.INFO_KEY: info[calibration.INFO_KEY] * factor}
+            record = {**record, "stats": stats, "extra_info": info}
             hit += 1
         out.append(record)
     if not hit:
@@ -261,7 +281,7 @@ def machine_factor(run: dict[Key, Ratio], baseline: dict[Key, Ratio]) -> float:
     shares = [
         run[key].value / baseline[key].value
         for key in run
-        if key in baseline and run[key].metric == "time" and baseline[key].value > 0
+        if _comparable(run[key], baseline.get(key))
     ]
     return statistics.median(shares) if shares else 1.0
 
@@ -283,11 +303,7 @@ def local_factors(
     run-wide factor does not see a stretch, a local one does; a regression of one operation
     does not move its neighbours' median. Records with fewer than three neighbours in the
     baseline get no local factor (the run-wide one applies)."""
-    timed = [
-        key for key in order
-        if key in run and key in baseline and run[key].metric == "time"
-        and baseline[key].value > 0
-    ]  # fmt: skip
+    timed = [key for key in order if key in run and _comparable(run[key], baseline.get(key))]
     shares = [run[key].value / baseline[key].value for key in timed]
     out = {}
     for i, key in enumerate(timed):
@@ -311,11 +327,11 @@ def changes(
     out = {}
     for key, now in run.items():
         before = baseline.get(key)
-        if before is None or before.value <= 0:
+        if before is None or before.value <= 0 or now.metric != before.metric:
             continue
         kind = kinds.get(key, "")
         row_change = 0.0
-        if now.metric == "time":
+        if now.metric != "bytes/msg":
             change = now.value / before.value / factor
             if key in local:
                 row_change = now.value / before.value / local[key]
@@ -363,11 +379,13 @@ def median_baseline(paths: Sequence[Path]) -> dict[str, Any]:
         values = [
             run[key].value / (scale or factor)
             for run, factor in zip(per_run, factors, strict=True)
-            if key in run
+            if key in run and run[key].metric == held.metric
         ]
         median = statistics.median(values)
         if held.metric == "bytes/msg":
             record["extra_info"]["rss_bytes_per_msg"] = median
+        elif held.metric == "calibrated":
+            record["extra_info"][calibration.INFO_KEY] = median
         else:
             record["stats"]["min"] = median
     reduced["note"] += f"; median figures of {len(paths)} runs, speed-normalized"
@@ -415,7 +433,7 @@ def compare(
             verdict.reported.append((change, ungated[key]))
             continue
         verdict.compared += 1
-        if change.now.metric == "time":  # memory records are gated one by one
+        if change.now.metric != "bytes/msg":  # memory records are gated one by one
             per_kind.setdefault(change.kind, []).append(change.change)
         if change.row_change > 1 + row_tolerance:
             verdict.regressions.append(change)

@@ -41,9 +41,9 @@ def targets(
     for key, (kind, metric, value) in sorted(records.items()):
         if key not in names:
             continue
-        if key in regressions or (kind in slow_kinds and metric == "time"):
+        if key in regressions or (kind in slow_kinds and metric != "bytes/msg"):
             offenders.append(key)
-        elif metric == "time" and kind not in reference_kinds:
+        elif metric != "bytes/msg" and kind not in reference_kinds:
             others.append((value, key))
     return offenders, [key for _, key in sorted(others)[:REFERENCES]]
 
@@ -67,7 +67,7 @@ def scales(
     for key, (figure, metric) in rerun.items():
         if key in references or first.get(key, 0) <= 0:
             continue
-        out[key] = figure / first[key] / (drift if metric == "time" else 1.0)
+        out[key] = figure / first[key] / (drift if metric != "bytes/msg" else 1.0)
     return out
 
 

@@ -32,13 +32,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import wraps
 from pathlib import Path
 from typing import Any, TypeVar
+
+import calibration
 
 from delayindex import _impl
 from delayindex._pure import codec as pure_codec
@@ -52,15 +52,17 @@ SRC_DIR = Path(_impl.__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class Tier:
-    """Sizes a tier runs at, and whether it runs the ``full_tier`` groups."""
+    """Sizes a tier runs at, whether it runs the ``full_tier`` groups, and whether its timed
+    calls are speed-calibrated (``calibration``: what the regression gate reads)."""
 
     sizes: tuple[int, ...]
     memory_sizes: tuple[int, ...]
     full: bool
+    calibrated: bool = False
 
 
 TIERS: dict[str, Tier] = {
-    "quick": Tier(sizes=(100_000,), memory_sizes=(100_000, 1_000_000), full=False),
+    "quick": Tier(sizes=(100_000,), memory_sizes=(100_000, 1_000_000), full=False, calibrated=True),
     "full": Tier(
         sizes=(100_000, 1_000_000, 10_000_000),
         memory_sizes=(100_000, 1_000_000, 10_000_000),
@@ -172,22 +174,13 @@ def slowdown_factor(kind: str) -> float:
 
 
 def slowed(kind: str, fn: F) -> F:
-    """``fn``, or when a slowdown is injected for ``kind`` a wrapper that busy-waits after each
-    call until the call took ``factor`` times its own duration."""
+    """``fn``, or a wrapper when a slowdown is injected for ``kind`` (it busy-waits after each
+    call until the call took ``factor`` times its own duration) or the benchmark is calibrated
+    (``calibration``: each call's time over the machine's speed of the moment)."""
     factor = slowdown_factor(kind)
-    if factor == 1.0:
+    if factor == 1.0 and not calibration.active():
         return fn
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        result = fn(*args, **kwargs)
-        until = start + (time.perf_counter() - start) * factor
-        while time.perf_counter() < until:  # busy: a slower structure burns CPU, not sleep
-            pass
-        return result
-
-    return wrapper  # type: ignore[return-value]
+    return calibration.timed(fn, factor)
 
 
 # -- the pure build in this process ------------------------------------------------------------

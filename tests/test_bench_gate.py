@@ -463,3 +463,94 @@ def test_confirm_stops_rerunning_once_it_passes(tmp_path: Path, rerun: dict[str,
 
 def test_confirm_rounds_must_be_positive(tmp_path: Path) -> None:
     assert _gate(tmp_path, _run(), _run(), "--confirm", "--confirm-rounds", "0") == 2
+
+
+# -- speed-calibrated figures (benchmarks/calibration.py) -----------------------------------------
+
+
+def _calibrated(run: dict[str, Any], speed: float = 1.0) -> dict[str, Any]:
+    """``run`` as a calibrated tier records it: each time record also carries its time over the
+    calibration loop's (``speed``: how slow the loop ran; the raw times keep the noise)."""
+    for row in run["benchmarks"]:
+        if "rss_bytes_per_msg" not in row["extra_info"]:
+            row["extra_info"]["calibrated"] = row["stats"]["min"] * 100 / speed
+    return run
+
+
+def test_calibrated_figures_are_gated_instead_of_raw_times(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Raw times 2x noisy on one record, calibrated figures steady: passes.
+    run = _calibrated(_run(**{"poll[in_memory]": 2.0}), speed=2.0)
+    for row in run["benchmarks"]:
+        if row["name"] != "poll[in_memory]" and "calibrated" in row["extra_info"]:
+            row["extra_info"]["calibrated"] *= 2.0  # only that record's moment was slow
+    assert _gate(tmp_path, run, _calibrated(_run())) == 0
+    # A structure 1.3x slower in calibrated figures fails although its raw times do not move.
+    slower = _calibrated(_run())
+    for row in slower["benchmarks"]:
+        if row["extra_info"]["kind"] == "delay_index" and "calibrated" in row["extra_info"]:
+            row["extra_info"]["calibrated"] *= 1.3
+    assert _gate(tmp_path, slower, _calibrated(_run())) == 1
+    assert "delay_index: x1.30 over 6 benchmarks" in capsys.readouterr().out
+
+
+def test_a_calibrated_figure_is_never_compared_with_a_raw_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    figures = gate.ratios(_calibrated(_run())["benchmarks"])
+    assert figures[("tracker-add-1e5", "add[delay_index]")].metric == "calibrated"
+    raw = gate.ratios(_run()["benchmarks"])
+    changed = gate.changes(figures, raw, {})
+    assert all(c.now.metric == "bytes/msg" for c in changed.values())  # only the memory rows
+    assert gate.machine_factor(figures, raw) == 1.0  # nothing comparable: no factor
+
+
+def test_simulated_slowdown_and_baselines_carry_the_calibrated_figure(tmp_path: Path) -> None:
+    clean = _calibrated(_run())
+    records = gate.simulate_slowdown(clean["benchmarks"], "delay_index", 1.3)
+    row = next(r for r in records if r["name"] == "add[delay_index]")
+    assert row["extra_info"]["calibrated"] == pytest.approx(0.03 * 100 * 1.3)
+    assert clean["benchmarks"][1]["extra_info"]["calibrated"] == pytest.approx(3.0)  # kept
+    runs = [
+        _write(tmp_path / f"r{i}.json", _calibrated(_run(**{"add[delay_index]": f}), speed=s))
+        for i, (s, f) in enumerate([(1.0, 1.0), (2.0, 1.4), (0.5, 3.0)])
+    ]
+    out = tmp_path / "base.json"
+    assert gate.main([*map(str, runs), "--write-baseline", str(out)]) == 0
+    stored = gate.ratios(gate.load_records(out))
+    assert stored[("tracker-add-1e5", "add[delay_index]")].metric == "calibrated"
+    assert stored[("tracker-add-1e5", "add[delay_index]")].value == pytest.approx(3.0 * 1.4)
+
+
+@pytest.fixture(scope="module")
+def calibration() -> ModuleType:
+    return _load("calibration")
+
+
+def test_a_calibrated_call_is_its_time_over_the_loops(
+    calibration: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ticks = iter(range(0, 10_000, 1))  # perf_counter: one second per reading
+    monkeypatch.setattr(calibration.time, "perf_counter", lambda: float(next(ticks)))
+    monkeypatch.setattr(calibration, "_loop_seconds", lambda: 2.0)
+    calibration.begin()
+    assert calibration.active()
+    wrapped = calibration.timed(lambda x: x + 1)
+    assert wrapped(1) == 2 and wrapped(2) == 3
+    assert calibration.end() == pytest.approx(1 / 2.0)  # 1 s call over a 2 s loop
+    assert not calibration.active() and calibration.end() is None
+
+
+def test_a_calibrated_call_keeps_its_injected_slowdown(
+    calibration: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ticks = iter(range(0, 10_000, 1))  # perf_counter: one second per reading
+    monkeypatch.setattr(calibration.time, "perf_counter", lambda: float(next(ticks)))
+    monkeypatch.setattr(calibration, "_loop_seconds", lambda: 1.0)
+    collector = calibration.begin()
+    calibration.timed(lambda: None, factor=3.0)()  # 1 s of its own, busy-waited to 3 s and more
+    calibration.timed(lambda: None)()
+    calibration.end()
+    assert collector.samples == [4.0, 1.0]  # the wait's own last reading counts too
+    assert calibration.timed(len, factor=1.0)([1]) == 1  # no collector: just the call

@@ -1,0 +1,128 @@
+"""Speed-calibrated timing: each timed call's own time over the machine's speed at that moment.
+
+Why. The 2-core KVM machines this suite runs on change speed in stretches: a fixed pure-Python
+loop pinned to one vCPU ran 1.0-2.0x its best time, in stretches from a fraction of a second to
+several seconds, each vCPU on its own (2026-11-29). A benchmark's rounds follow each other within
+a second or two, so they often all fall into one stretch: single records' ``stats.min`` moved
+1.5-2.6x between clean runs, and no stored baseline could gate them (docs/benchmarks.md, "The
+quick tier and the regression gate"). Measured the same way, a call's time divided by the time
+of a fixed loop run just before and just after it, on the same thread, moved 2-6 % between
+processes (median of the calls) while the raw times moved 1.4-1.6x.
+
+How. While a :class:`Collector` is active (:func:`begin`, one per benchmark: the quick tier's
+``conftest`` fixture), :func:`timed` wraps every timed call (``support.slowed``). Before and after
+the call a calibration loop (:data:`KERNEL_LOOPS` integer additions, about 1.5 ms) is timed,
+unless one ran within :data:`INTERVAL_S` (short calls share it). The call's *sample* is its own
+time, an injected slowdown's busy-wait included, over the mean of the two calibrations. The
+record's figure is the median of its samples, unitless, in ``extra_info["calibrated"]``
+(:data:`INFO_KEY`): the median, because a single calibration can itself be caught by a slow
+instant, which moves a sample either way.
+
+The calibrations run inside pytest-benchmark's rounds, so a calibrated run's ordinary time
+figures are a little higher (about 3 ms per round): the quick tier (what the gate reads) is
+calibrated, the full tier (what the docs' tables quote) is not.
+
+Standard library only: the gate (``gate.py``) reads :data:`INFO_KEY` from here.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: ``extra_info`` key of a record's calibrated figure (median of call time / loop time).
+INFO_KEY = "calibrated"
+#: Additions of the calibration loop: about 1.5 ms of pure Python on the reference machine.
+KERNEL_LOOPS = 50_000
+#: A calibration younger than this stands for the machine's speed now (slow stretches last
+#: longer), so a run of short calls does not pay one per call.
+INTERVAL_S = 0.02
+
+
+def _loop_seconds() -> float:
+    """Time of the calibration loop (pure-Python integer additions) on this thread, now."""
+    start = time.perf_counter()
+    total = 0
+    for i in range(KERNEL_LOOPS):
+        total += i
+    return time.perf_counter() - start
+
+
+class Collector:
+    """The calibrated samples of one benchmark's timed calls."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._speed = 0.0
+        self._speed_at = float("-inf")
+
+    def _current_speed(self) -> float:
+        if time.perf_counter() - self._speed_at > INTERVAL_S:
+            self._speed = _loop_seconds()
+            self._speed_at = time.perf_counter()
+        return self._speed
+
+    def call(self, fn: Callable[..., Any], factor: float, *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn``, stretched to ``factor`` times its duration (busy: an injected slowdown
+        burns CPU), and keep its calibrated sample."""
+        before = self._current_speed()
+        start = time.perf_counter()
+        result = fn(*args, **kwargs)
+        if factor != 1.0:
+            until = start + (time.perf_counter() - start) * factor
+            while time.perf_counter() < until:
+                pass
+        own = time.perf_counter() - start
+        after = self._current_speed()
+        self.samples.append(own / ((before + after) / 2))
+        return result
+
+    def figure(self) -> float | None:
+        """The median sample (None: no timed call ran)."""
+        return statistics.median(self.samples) if self.samples else None
+
+
+_active: Collector | None = None
+
+
+def begin() -> Collector:
+    """Start collecting for one benchmark (what :func:`timed` wrappers report to)."""
+    global _active
+    _active = Collector()
+    return _active
+
+
+def end() -> float | None:
+    """Stop collecting; the benchmark's calibrated figure (None: no timed call ran)."""
+    global _active
+    collector, _active = _active, None
+    return collector.figure() if collector is not None else None
+
+
+def active() -> bool:
+    """Whether a benchmark is being calibrated now."""
+    return _active is not None
+
+
+def timed(fn: F, factor: float = 1.0) -> F:
+    """``fn`` wrapped to report each call's calibrated sample to the active collector (and to
+    stretch it ``factor`` times), or to only stretch it when none is active."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        collector = _active
+        if collector is not None:
+            return collector.call(fn, factor, *args, **kwargs)
+        start = time.perf_counter()
+        result = fn(*args, **kwargs)
+        until = start + (time.perf_counter() - start) * factor
+        while time.perf_counter() < until:  # busy: a slower structure burns CPU, not sleep
+            pass
+        return result
+
+    return wrapper  # type: ignore[return-value]
