@@ -49,6 +49,7 @@ import gc
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -407,10 +408,11 @@ def _calibrated(request: pytest.FixtureRequest) -> Iterator[None]:
     try:
         yield
     finally:
-        figure = calibration.end()
+        collector = calibration.end()
     bench = request.node.funcargs.get("benchmark")
-    if figure is not None and bench is not None:
-        bench.extra_info[calibration.INFO_KEY] = figure
+    if collector is not None and collector.samples and bench is not None:
+        bench.extra_info[calibration.INFO_KEY] = collector.figure()
+        bench.extra_info["calibration_loop_ms"] = round(statistics.median(collector.loops) * 1e3, 4)
 
 
 # -- Redis ----------------------------------------------------------------------------------------

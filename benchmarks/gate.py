@@ -1,9 +1,13 @@
 """Regression gate: compare benchmark runs with a stored baseline, the machine's speed taken out.
 
-Each record's own figure (``stats.min``; for memory groups, records with
-``extra_info["rss_bytes_per_msg"]``, the bytes per message) is compared with the same record in
-the baseline (matched by ``(group, name)``): ``change = (run / baseline) / machine factor`` for
-times and ``run / baseline`` for bytes. The **machine factor** is the median of ``run /
+Each record's own figure is compared with the same record in the baseline (matched by
+``(group, name)``): ``change = (run / baseline) / machine factor`` for times and ``run /
+baseline`` for bytes. The figure is, by preference, ``extra_info["calibrated"]``: the median of
+the record's timed calls, each over the time of a fixed loop run beside it (``calibration.py``;
+the quick tier records it), which takes out the machine's slow stretches that a row's
+consecutive rounds fall into together. Otherwise it is ``stats.min``; for memory groups
+(records with ``extra_info["rss_bytes_per_msg"]``) the bytes per message. A calibrated figure is
+only ever compared with a calibrated one. The **machine factor** is the median of ``run /
 baseline`` over every time record of the run: a machine uniformly slower or faster than the
 baseline's moves every record alike and cancels out, and the median over ~100 records is not
 moved by a few noisy ones. (The earlier gate divided each record by its group's heapq row
@@ -83,6 +87,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import calibration
 import gate_confirm
+from gate_report import report
 
 DEFAULT_BASELINE = Path(__file__).resolve().parent / "baseline-quick.json"
 DEFAULT_TOLERANCE = 0.15
@@ -447,60 +452,6 @@ def compare(
     verdict.new = [r for key, r in sorted(run_figures.items()) if key not in baseline]
     verdict.missing = [r for key, r in sorted(baseline.items()) if key not in run_figures]
     return verdict
-
-
-def _line(change: Change, row: bool = False) -> str:
-    unit = "bytes/msg" if change.now.metric == "bytes/msg" else "time"
-    value = change.row_change if row else change.change
-    local = " (local machine factor)" if row and change.row_change != change.change else ""
-    return (
-        f"  {change.now.group}: {change.now.label} [{change.now.name}]: {unit} "
-        f"x{value:.2f} of the baseline ({value - 1:+.0%}){local}"
-    )
-
-
-def report(verdict: Verdict, tolerance: float, row_tolerance: float) -> list[str]:
-    """Human-readable lines: offenders first, then the per-structure table and the rest."""
-    lines = [
-        f"machine factor {verdict.factor:.3f} (this run's median time over the baseline's; "
-        "every change below is divided by it)"
-    ]
-    if verdict.ok:
-        lines.append(
-            f"OK: {verdict.compared} benchmarks; every structure within {tolerance:.0%} and every "
-            f"benchmark within {row_tolerance:.0%} of the baseline"
-        )
-    if verdict.slower_kinds:
-        lines.append(
-            f"REGRESSION: {len(verdict.slower_kinds)} structure(s) more than {tolerance:.0%} "
-            "slower than the baseline (geometric mean over their benchmarks):"
-        )
-        lines.extend(
-            f"  {kind}: x{mean:.2f} over {n} benchmarks ({mean - 1:+.0%})"
-            for kind, mean, n in verdict.slower_kinds
-        )
-    if verdict.regressions:
-        lines.append(
-            f"REGRESSION: {len(verdict.regressions)} of {verdict.compared} benchmarks are more "
-            f"than {row_tolerance:.0%} worse than the baseline:"
-        )
-        lines.extend(_line(change, row=True) for change in verdict.regressions)
-    lines.append("per structure (geometric mean of the changes): " + ", ".join(
-        f"{kind} x{mean:.2f} ({n})" for kind, (mean, n) in verdict.kinds.items()
-    ))  # fmt: skip
-    if verdict.improvements:
-        lines.append(f"improved by more than {tolerance:.0%} (consider refreshing the baseline):")
-        lines.extend(_line(change) for change in verdict.improvements)
-    if verdict.reported:
-        lines.append(f"reported, not gated ({len(verdict.reported)}):")
-        lines.extend(f"{_line(change)}; {why}" for change, why in verdict.reported)
-    if verdict.new:
-        lines.append(f"new, not in the baseline ({len(verdict.new)}; not gated):")
-        lines.extend(f"  {r.group}: {r.label} [{r.name}]" for r in verdict.new)
-    if verdict.missing:
-        lines.append(f"in the baseline but not in this run ({len(verdict.missing)}; not gated):")
-        lines.extend(f"  {r.group}: {r.label} [{r.name}]" for r in verdict.missing)
-    return lines
 
 
 def reduce_run(path: Path) -> dict[str, Any]:

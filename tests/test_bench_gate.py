@@ -538,7 +538,9 @@ def test_a_calibrated_call_is_its_time_over_the_loops(
     assert calibration.active()
     wrapped = calibration.timed(lambda x: x + 1)
     assert wrapped(1) == 2 and wrapped(2) == 3
-    assert calibration.end() == pytest.approx(1 / 2.0)  # 1 s call over a 2 s loop
+    collector = calibration.end()
+    assert collector.figure() == pytest.approx(1 / 2.0)  # 1 s call over a 2 s loop
+    assert collector.loops == [2.0] * 4  # before and after each call (1 s apart: not shared)
     assert not calibration.active() and calibration.end() is None
 
 

@@ -122,7 +122,7 @@ def _suite(
     (suite / "conftest.py").write_text(_CONFTEST, encoding="utf-8")
     text = _BENCH.format(tier=tier, extra=extra, params=repr(params))
     (suite / "test_fake.py").write_text(text, encoding="utf-8")
-    for module in ("gate.py", "gate_confirm.py", "calibration.py"):
+    for module in ("gate.py", "gate_confirm.py", "gate_report.py", "calibration.py"):
         shutil.copy(REPO / "benchmarks" / module, suite / module)
     return suite
 
