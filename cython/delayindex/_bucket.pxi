@@ -283,6 +283,54 @@ cdef class BucketCore:
                 added += self.index.crestore(lv[i], &ev[ov[i]], ov[i + 1] - ov[i])
         return added
 
+    def restore_block(self, ledgers, const uint8_t[::1] blob not None, offsets,
+                      int64_t expected=-1) -> int:
+        """Track the positions of a bitmap block, bitmap ``i`` holding entries of ledger
+        ``ledgers[i]`` (recovery: a snapshot's live segments parsed straight into the index,
+        with no union arrays between). Every position must be new: the block's ledgers hold
+        nothing yet (recovery restores buckets of disjoint ranges into an empty index). Returns
+        how many were tracked.
+
+        Raises:
+            ValueError: a malformed bitmap, a position in two bitmaps, or (``expected`` >= 0)
+                other than ``expected`` positions; the block's ledger span then holds nothing
+                again.
+        """
+        cdef const int64_t[::1] lv = np.ascontiguousarray(ledgers, dtype=np.int64)
+        cdef const int64_t[::1] ov = np.ascontiguousarray(offsets, dtype=np.int64)
+        cdef Py_ssize_t n = lv.shape[0], i, got, k, cap = 0, added = 0
+        cdef int64_t low = 0, high = -1
+        cdef uint32_t* buf = NULL
+        cdef uint32_t* grown
+        cdef const uint8_t* base = block_base(blob, ov, n)
+        if n:
+            low = high = lv[0]
+            for i in range(1, n):
+                low = min(low, lv[i])
+                high = max(high, lv[i])
+        try:
+            for i in range(n):
+                got = block_parse(base, ov, i, buf, cap)  # one pass, unless it did not fit
+                if got > cap:
+                    grown = <uint32_t*> realloc(buf, <size_t> max(got, 4096) * sizeof(uint32_t))
+                    if grown == NULL:
+                        raise MemoryError()
+                    buf, cap = grown, max(got, 4096)
+                    got = block_parse(base, ov, i, buf, cap)
+                k = self.index.crestore(lv[i], buf, got)
+                added += k
+                if k != got:
+                    raise ValueError(f"a position of ledger {lv[i]} is in two segments")
+            if expected >= 0 and added != expected:
+                raise ValueError(f"the bitmaps hold {added} positions, expected {expected}")
+        except BaseException:
+            if n:
+                self.index.remove_ledgers(low, high)
+            raise
+        finally:
+            free(buf)
+        return added
+
     def index_bitmap(self, int64_t ledger, int64_t first=0, int64_t last=0xFFFFFFFF):
         """A new BitMap of ``ledger``'s tracked entries in ``[first, last]``, or None when the
         ledger has none at all."""

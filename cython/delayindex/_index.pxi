@@ -470,21 +470,47 @@ cdef class LedgerIndex:
 
     cdef Py_ssize_t crestore(self, int64_t ledger, const uint32_t* values,
                              Py_ssize_t k) except -1:
-        """Add ``values[:k]`` (entries, ascending as snapshots give them) to ``ledger``;
-        return how many were new."""
+        """Add ``values[:k]`` (entries, as snapshots give them) to ``ledger``; return how many
+        were new. A bitset ledger is grown once to the values' span and its bits set in one
+        pass (recovery's hot loop); a sparse one takes them one by one."""
         cdef Py_ssize_t i, added = 0
+        cdef int64_t off, base
+        cdef uint32_t low, high
+        cdef uint64_t bit
+        cdef uint64_t* words
         cdef LSet* s
         if k == 0:
             return 0
         if ledger < 0:
             raise ValueError(f"ledger_id must be >= 0, got {ledger}")
         s = self.find_or_insert(ledger)
-        if s.sparse == NULL and s.words == NULL:
-            # Size the bitset once for the whole batch.
-            self.grow(s, values[0])
-            self.grow(s, values[k - 1])
+        low = high = values[0]
+        for i in range(1, k):  # no order is assumed: the span bounds every write below
+            if values[i] < low:
+                low = values[i]
+            elif values[i] > high:
+                high = values[i]
+        if s.sparse == NULL and (s.words == NULL or low < s.base):
+            self.grow(s, low)
+        if s.sparse == NULL and high >= s.base + 64 * s.nwords:
+            self.grow(s, high)
+        if s.sparse != NULL:
+            for i in range(k):
+                added += self.cadd(ledger, values[i])
+            return added
+        words = s.words
+        base = s.base
         for i in range(k):
-            added += self.cadd(ledger, values[i])
+            off = values[i] - base
+            bit = (<uint64_t> 1) << (off & 63)
+            if not (words[off >> 6] & bit):
+                words[off >> 6] |= bit
+                added += 1
+        if added:
+            if s.count == 0:
+                self.nonempty += 1
+            s.count += added
+            self.count += added
         return added
 
     def remove_upto(self, int64_t ledger, int64_t entry) -> int:

@@ -31,7 +31,6 @@ source, equal to its head or placeholder; mutable ledgers lie in the mutable ran
 from __future__ import annotations
 
 import heapq
-import itertools
 import sys
 from typing import Any
 
@@ -42,6 +41,7 @@ from sortedcontainers import SortedDict
 from delayindex._lateness import Lateness
 from delayindex._pure._bucket_overrides import NEED_OVERRIDES, BucketOverrides
 from delayindex._pure._bucket_queries import BucketQueries
+from delayindex._pure._bucket_restore import BucketRestore
 from delayindex._pure._ints import as_i64, check_ids
 from delayindex._pure._ticked import TickedCore
 from delayindex._pure.heap import TripleHeap, _int64_column, triple_columns
@@ -108,7 +108,7 @@ class _Source:
         return None
 
 
-class BucketCore(BucketOverrides, BucketQueries, TickedCore):
+class BucketCore(BucketOverrides, BucketQueries, BucketRestore, TickedCore):
     """Dedup index + mutable/direct heaps + segment-source merge (time passed in).
 
     ``add`` returns 0 (deliver now), 1 (tracked), 2 (already tracked), 3 (the mutable bucket
@@ -218,25 +218,6 @@ class BucketCore(BucketOverrides, BucketQueries, TickedCore):
             return False
         self._mutable_dirty = True
         return True
-
-    def restore(self, ledger: int, bitmap: object) -> int:
-        """Track every entry of ``bitmap`` (a BitMap or uint32 array) in ``ledger`` (recovery);
-        return how many were new."""
-        return self._index.restore(ledger, bitmap)
-
-    def restore_many(self, ledgers: object, offsets: object, entries: object) -> int:
-        """``restore`` each ledger ``ledgers[i]`` with ``entries[offsets[i]:offsets[i + 1]]``."""
-        bounds = np.asarray(offsets).tolist()
-        values = np.asarray(entries)
-        n = len(np.asarray(ledgers))
-        if len(bounds) != n + 1 or (n and (bounds[0] < 0 or bounds[n] > len(values))):
-            raise ValueError("offsets do not frame the entries")
-        if any(b < a for a, b in itertools.pairwise(bounds)):
-            raise ValueError("offsets do not ascend")
-        return sum(
-            self._index.restore(ledger, values[bounds[i] : bounds[i + 1]])
-            for i, ledger in enumerate(np.asarray(ledgers).tolist())
-        )
 
     def untrack_upto(self, ledger: int, entry: int) -> int:
         """Untrack every position ``<= (ledger, entry)`` (mark-delete); return how many."""

@@ -451,9 +451,10 @@ def _bitmap_block(message: snapshot_pb2.SnapshotMetadata, count: int) -> BitmapB
         raise ValueError("the bitmap sizes do not match the ledger counts")
     offsets = np.zeros(count + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])  # sizes < 2**63 each; their sum is checked next
-    if int(offsets[-1]) != len(message.bitmap_block) or bool((offsets[1:] < offsets[:-1]).any()):
+    blob = message.bitmap_block  # read once: each read of a bytes field copies it
+    if int(offsets[-1]) != len(blob) or bool((offsets[1:] < offsets[:-1]).any()):
         raise ValueError("the bitmap sizes do not add up to the bitmap block")
-    return BitmapBlock(message.bitmap_block, offsets)
+    return BitmapBlock(blob, offsets)
 
 
 def _check_bitmaps(metadata: SnapshotMetadata) -> None:

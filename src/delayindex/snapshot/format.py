@@ -332,11 +332,17 @@ class SnapshotMetadata:
         The entries of ``ledgers[i]`` are ``entries[offsets[i]:offsets[i + 1]]``, ascending.
         Parsed and merged in one native call: a bucket holds thousands of small bitmaps.
         """
+        return _impl.roaring_union_by_ledger(*self.live_block(first_segment))
+
+    def live_block(self, first_segment: int = 1) -> tuple[Int64Array, memoryview, Int64Array]:
+        """The bitmaps of segments ``first_segment..`` as a block: ``(ledgers, blob, offsets)``,
+        bitmap ``i`` (``blob[offsets[i]:offsets[i + 1]]``) holding entries of ``ledgers[i]``.
+        The blob is a view of the block's tail, not a copy."""
         start = int(self.ledger_offsets[max(first_segment, 1) - 1]) if self.num_segments else 0
         base = int(self.block.offsets[start])
-        return _impl.roaring_union_by_ledger(
+        return (
             self.ledgers[start:],
-            memoryview(self.block.blob)[base:],  # no copy of the block's tail
+            memoryview(self.block.blob)[base:],
             self.block.offsets[start:] - base,
         )
 

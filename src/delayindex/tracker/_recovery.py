@@ -33,6 +33,29 @@ from delayindex.tracker._stats import _OpStats
 _NONE = np.empty(0, dtype=np.int64)
 
 
+def _restore_live(core: Any, metadata: SnapshotMetadata, first: int, name: str) -> None:
+    """Track the positions of segments ``first..`` in ``core``, parsed straight from the
+    metadata's bitmap block (no per-ledger arrays between), checked against the counts.
+
+    Raises:
+        SnapshotCorruptError: a bitmap is malformed, a position is in two segments, or the
+            bitmaps do not hold the segments' counts; ``core`` then holds none of them.
+    """
+    expected = int(metadata.counts[first - 1 :].sum())
+    try:
+        core.restore_block(*metadata.live_block(first), expected)
+    except ValueError as exc:
+        raise SnapshotCorruptError(f"{name}: bad bitmaps: {exc}") from None
+
+
+def _sound_positions(metadata: SnapshotMetadata, first: int, name: str) -> Any:
+    """:func:`_live_positions`, or None when the bitmaps are damaged too."""
+    try:
+        return _live_positions(metadata, first, name)
+    except SnapshotCorruptError:
+        return None
+
+
 def _live_positions(metadata: SnapshotMetadata, first: int, name: str) -> Any:
     """Per-ledger union of segments ``first..`` (recovery's index), checked against the counts.
 
@@ -88,14 +111,17 @@ class RecoveryMixin:
             self._warnings.append(f"delete of {snapshot_id!r} still pending after repair")
         records, overlapping = resolve_overlaps(self._catalog.buckets())
         now = self._now()
-        cutoff = self._core.cutoff_for(now)
-        loaded: list[tuple[BucketRecord, SnapshotMetadata, int, Any, Any]] = []
+        core = self._core
+        cutoff = core.cutoff_for(now)
+        loaded: list[tuple[BucketRecord, SnapshotMetadata, int, Any]] = []
         damaged: list[tuple[QuarantineRecord, Any]] = []
         drop: list[str] = [r.snapshot_id for r in overlapping]
         unfolded: list[tuple[Any, Any]] = []
         for record in records:
             sid_name = record.snapshot_id
             metadata: SnapshotMetadata | None = None
+            found: int | None = None
+            segment: Any = None
             first = 1
             live: Any = None
             try:
@@ -108,10 +134,15 @@ class RecoveryMixin:
                         unfolded.append(metadata.folded_positions())
                     continue
                 first = found
-                live = _live_positions(metadata, first, sid_name)
                 segment = self._storage.get_segments(sid_name, first, first)[0]
+                _restore_live(core, metadata, first, sid_name)
             except (SnapshotNotFoundError, SnapshotCorruptError) as exc:
-                # Damage stays local: this bucket is quarantined, the others recover.
+                # Damage stays local: this bucket is quarantined, the others recover. Its
+                # positions are held when its bitmaps are sound (the segment was damaged).
+                if segment is not None or metadata is None or found is None:
+                    live = None
+                else:
+                    live = _sound_positions(metadata, first, sid_name)
                 remaining = record.num_messages
                 if live is not None and metadata is not None:
                     remaining = int(metadata.counts[first - 1 :].sum())
@@ -133,7 +164,7 @@ class RecoveryMixin:
                     f"[{record.start_ledger}, {record.end_ledger}]) failed: {exc}; nothing was "
                     "changed, open again once the storage answers"
                 ) from exc
-            loaded.append((record, metadata, first, segment, live))
+            loaded.append((record, metadata, first, segment))
         if damaged:
             try:
                 self._catalog.quarantine_buckets([q for q, _ in damaged])
@@ -150,9 +181,7 @@ class RecoveryMixin:
             for q in self._catalog.manifest.quarantined
             if q.active and q.snapshot_id not in new_ids
         )
-        core = self._core
-        for record, metadata, first, segment, live in loaded:
-            core.restore_many(*live)
+        for record, metadata, first, segment in loaded:
             bucket = self._new_bucket(record.start_ledger, record.end_ledger, 0)
             self._make_durable(bucket, record, metadata)
             bucket.current = first
