@@ -11,13 +11,21 @@ processes (median of the calls) while the raw times moved 1.4-1.6x.
 
 How. While a :class:`Collector` is active (:func:`begin`, one per benchmark: the quick tier's
 ``conftest`` fixture), :func:`timed` wraps every timed call (``support.slowed``). Before and after
-the call a calibration loop (:data:`KERNEL_LOOPS` integer additions, about 1.5 ms) is timed,
-unless one ran within :data:`INTERVAL_S` (short calls share it). The call's *sample* is its own
-time, an injected slowdown's busy-wait included, over the mean of the two calibrations. The
-record's figure is the median of its samples, unitless, in ``extra_info["calibrated"]``
-(:data:`INFO_KEY`): the median, because a single calibration can itself be caught by a slow
-instant, which moves a sample either way. ``extra_info["calibration_loop_ms"]`` is the loop's
-median time: the machine's speed during the record.
+the call a calibration loop (:data:`KERNEL_LOOPS` steps over a list of small ints, about 1.5 ms,
+no allocation) is timed, unless one ran within :data:`INTERVAL_S` (short calls share it). The
+call's *sample* is its own time, an injected slowdown's busy-wait included, over the faster of
+the two loops beside it. The record's figure (``extra_info["calibrated"]``, :data:`INFO_KEY`,
+unitless) is its least sample, as pytest-benchmark's figure is its least round:
+
+* a hiccup in one loop does not count (the faster loop is taken);
+* a hiccup in the call, or rounds of a record that are slow by the process's own state (some
+  1e5 rows alternate 1.0x and 1.7x rounds), make samples that the least one leaves out;
+* a slow stretch over a call and its loops cancels out.
+
+The median of the samples was tried first: it moved with those slow rounds. A process whose every
+round of a record is slow (the pure codec's decode ran 70 ms or 120 ms, per process) is left to
+the gate's confirmation rerun. ``extra_info["calibration_loop_ms"]`` is the loop's median time
+(the machine's speed during the record) and ``calibrated_samples`` every sample.
 
 The calibrations run inside pytest-benchmark's rounds, so a calibrated run's ordinary time
 figures are a little higher (about 3 ms per round): the quick tier (what the gate reads) is
@@ -28,7 +36,6 @@ Standard library only: the gate (``gate.py``) reads :data:`INFO_KEY` from here.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from functools import wraps
@@ -36,7 +43,7 @@ from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: ``extra_info`` key of a record's calibrated figure (median of call time / loop time).
+#: ``extra_info`` key of a record's calibrated figure (least call time over loop time).
 INFO_KEY = "calibrated"
 #: Steps of the calibration loop: about 1.5 ms of pure Python on the reference machine.
 KERNEL_LOOPS = 50_000
@@ -85,12 +92,12 @@ class Collector:
                 pass
         own = time.perf_counter() - start
         after = self._current_speed()
-        self.samples.append(own / ((before + after) / 2))
+        self.samples.append(own / min(before, after))
         return result
 
     def figure(self) -> float | None:
-        """The median sample (None: no timed call ran)."""
-        return statistics.median(self.samples) if self.samples else None
+        """The least sample (None: no timed call ran)."""
+        return min(self.samples) if self.samples else None
 
 
 _active: Collector | None = None

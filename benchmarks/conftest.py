@@ -413,6 +413,7 @@ def _calibrated(request: pytest.FixtureRequest) -> Iterator[None]:
     if collector is not None and collector.samples and bench is not None:
         bench.extra_info[calibration.INFO_KEY] = collector.figure()
         bench.extra_info["calibration_loop_ms"] = round(statistics.median(collector.loops) * 1e3, 4)
+        bench.extra_info["calibrated_samples"] = [round(x, 6) for x in collector.samples]
 
 
 # -- Redis ----------------------------------------------------------------------------------------

@@ -556,3 +556,18 @@ def test_a_calibrated_call_keeps_its_injected_slowdown(
     calibration.end()
     assert collector.samples == [4.0, 1.0]  # the wait's own last reading counts too
     assert calibration.timed(len, factor=1.0)([1]) == 1  # no collector: just the call
+
+
+def test_a_sample_takes_the_faster_loop_and_the_figure_the_least_sample(
+    calibration: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ticks = iter(range(0, 10_000, 1))  # perf_counter: one second per reading
+    loops = iter([2.0, 4.0, 3.0, 1.0])  # a hiccup in the second loop, a slow third one
+    monkeypatch.setattr(calibration.time, "perf_counter", lambda: float(next(ticks)))
+    monkeypatch.setattr(calibration, "_loop_seconds", lambda: next(loops))
+    collector = calibration.begin()
+    calibration.timed(lambda: None)()
+    calibration.timed(lambda: None)()
+    calibration.end()
+    assert collector.samples == [1 / 2.0, 1 / 1.0]
+    assert collector.figure() == 0.5

@@ -211,9 +211,14 @@ def read_block(raw: bytes, cuts: Int64Array) -> tuple[UInt32Array, Int64Array, B
 _PACK_CHUNK = 1 << 16
 
 
+def bit_length(span: int) -> int:
+    """Bits per packed time of a segment spanning ``span`` (the format's one width rule)."""
+    return int(span).bit_length()
+
+
 def bit_lengths(spans: Int64Array) -> Int64Array:
-    """``int(span).bit_length()`` of each span (non-negative int64)."""
-    return np.array([int(x).bit_length() for x in spans.tolist()], dtype=np.int64)
+    """:func:`bit_length` of each span (non-negative int64)."""
+    return np.array([bit_length(x) for x in spans.tolist()], dtype=np.int64)
 
 
 def pack_segments(

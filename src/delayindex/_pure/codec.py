@@ -17,9 +17,8 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from delayindex._pure._batch import (
-    bit_lengths as _bit_lengths,
-)
-from delayindex._pure._batch import (
+    bit_length,
+    bit_lengths,
     pack_segments,
     read_block,
     unpack_segments,
@@ -88,10 +87,6 @@ def roaring_cardinalities(blob: bytes, offsets: Any) -> Int64Array:
     return np.array([len(roaring_entries(b)) for b in bitmaps], dtype=np.int64)
 
 
-def _bit_length(span: int) -> int:
-    return int(span).bit_length()
-
-
 def pack_times(times: Int64Array, base: int, span: int) -> bytes:
     """Bit-pack ``times - base`` at ``bit_length(span)`` bits each, LSB-first."""
     if span < 0:
@@ -102,7 +97,7 @@ def pack_times(times: Int64Array, base: int, span: int) -> bytes:
         offsets = values.astype(np.object_) - base  # the error path: name the first bad time
         bad = next(v for v in offsets.tolist() if not 0 <= v <= span)
         raise ValueError(f"time {bad + base} outside [{base}, {base + span}]")
-    bits = _bit_length(span)
+    bits = bit_length(span)
     if bits == 0:
         return b""
     # Vectorized: one row of `bits` little-endian bits per value, packed LSB-first.
@@ -323,7 +318,7 @@ def _payloads(
     if flags.any():
         s = int(np.flatnonzero(flags)[0])
         raise ValueError(f"entry {int(seeds[s])}: unknown flags {int(flags[s]):#x}")
-    wrong = lengths - 5 != (n_per_seg * _bit_lengths(np.asarray(spans, dtype=np.int64)) + 7) // 8
+    wrong = lengths - 5 != (n_per_seg * bit_lengths(np.asarray(spans, dtype=np.int64)) + 7) // 8
     if wrong.any():
         raise ValueError(f"segment {int(np.argmax(wrong))}: packed times have the wrong length")
     return [body[1:] for body in bodies]
