@@ -346,6 +346,15 @@ def changes(
     return out
 
 
+def _mixed_metrics(run: dict[Key, Ratio], baseline: dict[Key, Ratio]) -> list[Key]:
+    """Time records in both whose figures are of different kinds (calibrated against raw): they
+    cannot be compared, and a gate that compared nothing would pass."""
+    return sorted(
+        key for key, now in run.items()
+        if key in baseline and now.metric != baseline[key].metric
+    )  # fmt: skip
+
+
 def best_changes(runs: Sequence[dict[Key, Change]]) -> dict[Key, Change]:
     """Each record's best (lowest) change over several runs of the same tier: a real
     slowdown shows in every run, a noisy moment of a shared machine rarely in all."""
@@ -596,6 +605,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             merged.update(run)
     except (GateInputError, OSError) as exc:
         print(f"gate: {exc}", file=sys.stderr)
+        return 2
+    mixed = _mixed_metrics(merged, baseline)
+    if mixed:
+        print(
+            f"gate: {len(mixed)} timed records are calibrated on one side only (e.g. "
+            f"{mixed[0][1]}): record the baseline with the run's tier (quick: calibrated)",
+            file=sys.stderr,
+        )
         return 2
     best = best_changes(runs)
     factor = statistics.median(factors)

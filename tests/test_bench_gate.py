@@ -195,12 +195,12 @@ def test_the_stored_quick_baseline_gates_every_group() -> None:
                 "tracker-tracked-entries", "heap-push-pop", "heap-batch", "memory", "reopen",
                 "seal-latency", "seal-burst"}  # fmt: skip
     assert expected <= groups
-    kinds = {r["extra_info"]["kind"] for r in records}
+    kinds = {r["extra_info"].get("kind") for r in records}
     assert {"heapq", "sortedlist", "in_memory", "in_memory-pure", "delay_index",
             "delay_index-pure"} <= kinds  # fmt: skip
     same = gate.changes(stored, stored, gate._kind(records))
     verdict = gate.compare(same, stored, stored, gate.DEFAULT_TOLERANCE)
-    ours = [r for r in records if r["extra_info"]["kind"] not in gate.REFERENCE_KINDS]
+    ours = [r for r in records if r["extra_info"].get("kind") not in gate.REFERENCE_KINDS]
     assert verdict.ok and verdict.compared == len(ours)
 
 
@@ -504,6 +504,15 @@ def test_a_calibrated_figure_is_never_compared_with_a_raw_time(
     changed = gate.changes(figures, raw, {})
     assert all(c.now.metric == "bytes/msg" for c in changed.values())  # only the memory rows
     assert gate.machine_factor(figures, raw) == 1.0  # nothing comparable: no factor
+
+
+def test_a_run_and_baseline_of_different_kinds_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Nothing would be compared, and a gate that compares nothing must not pass.
+    assert _gate(tmp_path, _calibrated(_run()), _run()) == 2
+    assert "calibrated on one side only" in capsys.readouterr().err
+    assert _gate(tmp_path, _run(), _calibrated(_run())) == 2
 
 
 def test_simulated_slowdown_and_baselines_carry_the_calibrated_figure(tmp_path: Path) -> None:
