@@ -64,33 +64,48 @@ def _loop_seconds() -> float:
     return time.perf_counter() - start
 
 
-class Collector:
-    """The calibrated samples of one benchmark's timed calls."""
+def _stretched(
+    fn: Callable[..., Any], factor: float, clock: Callable[[], float], *args: Any, **kwargs: Any
+) -> tuple[Any, float]:
+    """Call ``fn`` and busy-wait (a slower structure burns CPU, not sleep) until the call took
+    ``factor`` times its own duration: ``(result, seconds taken)``."""
+    start = clock()
+    result = fn(*args, **kwargs)
+    if factor != 1.0:
+        until = start + (clock() - start) * factor
+        while clock() < until:
+            pass
+    return result, clock() - start
 
-    def __init__(self) -> None:
+
+class Collector:
+    """The calibrated samples of one benchmark's timed calls. ``clock`` and ``loop`` (the
+    calibration loop's timing) are injected for tests."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.perf_counter,
+        loop: Callable[[], float] = _loop_seconds,
+    ) -> None:
         self.samples: list[float] = []
         self.loops: list[float] = []  # every calibration's time (seconds)
+        self._clock = clock
+        self._loop = loop
         self._speed = 0.0
         self._speed_at = float("-inf")
 
     def _current_speed(self) -> float:
-        if time.perf_counter() - self._speed_at > INTERVAL_S:
-            self._speed = _loop_seconds()
-            self._speed_at = time.perf_counter()
+        if self._clock() - self._speed_at > INTERVAL_S:
+            self._speed = self._loop()
+            self._speed_at = self._clock()
             self.loops.append(self._speed)
         return self._speed
 
     def call(self, fn: Callable[..., Any], factor: float, *args: Any, **kwargs: Any) -> Any:
-        """Call ``fn``, stretched to ``factor`` times its duration (busy: an injected slowdown
-        burns CPU), and keep its calibrated sample."""
+        """Call ``fn``, stretched to ``factor`` times its duration, and keep its calibrated
+        sample."""
         before = self._current_speed()
-        start = time.perf_counter()
-        result = fn(*args, **kwargs)
-        if factor != 1.0:
-            until = start + (time.perf_counter() - start) * factor
-            while time.perf_counter() < until:
-                pass
-        own = time.perf_counter() - start
+        result, own = _stretched(fn, factor, self._clock, *args, **kwargs)
         after = self._current_speed()
         self.samples.append(own / min(before, after))
         return result
@@ -103,10 +118,11 @@ class Collector:
 _active: Collector | None = None
 
 
-def begin() -> Collector:
-    """Start collecting for one benchmark (what :func:`timed` wrappers report to)."""
+def begin(collector: Collector | None = None) -> Collector:
+    """Start collecting for one benchmark (what :func:`timed` wrappers report to), into
+    ``collector`` or a new one."""
     global _active
-    _active = Collector()
+    _active = collector if collector is not None else Collector()
     return _active
 
 
@@ -131,11 +147,6 @@ def timed(fn: F, factor: float = 1.0) -> F:
         collector = _active
         if collector is not None:
             return collector.call(fn, factor, *args, **kwargs)
-        start = time.perf_counter()
-        result = fn(*args, **kwargs)
-        until = start + (time.perf_counter() - start) * factor
-        while time.perf_counter() < until:  # busy: a slower structure burns CPU, not sleep
-            pass
-        return result
+        return _stretched(fn, factor, time.perf_counter, *args, **kwargs)[0]
 
     return wrapper  # type: ignore[return-value]

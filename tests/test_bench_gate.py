@@ -537,13 +537,18 @@ def calibration() -> ModuleType:
     return _load("calibration")
 
 
-def test_a_calibrated_call_is_its_time_over_the_loops(
-    calibration: ModuleType, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    ticks = iter(range(0, 10_000, 1))  # perf_counter: one second per reading
-    monkeypatch.setattr(calibration.time, "perf_counter", lambda: float(next(ticks)))
-    monkeypatch.setattr(calibration, "_loop_seconds", lambda: 2.0)
-    calibration.begin()
+def _fake_collector(calibration: ModuleType, loops: list[float]) -> Any:
+    """An active collector on a fake clock (one second per reading) whose calibration loops
+    take ``loops`` seconds, in turn."""
+    ticks = iter(range(10_000))
+    times = iter(loops)
+    return calibration.begin(
+        calibration.Collector(clock=lambda: float(next(ticks)), loop=lambda: next(times))
+    )
+
+
+def test_a_calibrated_call_is_its_time_over_the_loops(calibration: ModuleType) -> None:
+    _fake_collector(calibration, [2.0] * 4)
     assert calibration.active()
     wrapped = calibration.timed(lambda x: x + 1)
     assert wrapped(1) == 2 and wrapped(2) == 3
@@ -553,13 +558,8 @@ def test_a_calibrated_call_is_its_time_over_the_loops(
     assert not calibration.active() and calibration.end() is None
 
 
-def test_a_calibrated_call_keeps_its_injected_slowdown(
-    calibration: ModuleType, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    ticks = iter(range(0, 10_000, 1))  # perf_counter: one second per reading
-    monkeypatch.setattr(calibration.time, "perf_counter", lambda: float(next(ticks)))
-    monkeypatch.setattr(calibration, "_loop_seconds", lambda: 1.0)
-    collector = calibration.begin()
+def test_a_calibrated_call_keeps_its_injected_slowdown(calibration: ModuleType) -> None:
+    collector = _fake_collector(calibration, [1.0] * 4)
     calibration.timed(lambda: None, factor=3.0)()  # 1 s of its own, busy-waited to 3 s and more
     calibration.timed(lambda: None)()
     calibration.end()
@@ -568,13 +568,10 @@ def test_a_calibrated_call_keeps_its_injected_slowdown(
 
 
 def test_a_sample_takes_the_faster_loop_and_the_figure_the_least_sample(
-    calibration: ModuleType, monkeypatch: pytest.MonkeyPatch
+    calibration: ModuleType,
 ) -> None:
-    ticks = iter(range(0, 10_000, 1))  # perf_counter: one second per reading
-    loops = iter([2.0, 4.0, 3.0, 1.0])  # a hiccup in the second loop, a slow third one
-    monkeypatch.setattr(calibration.time, "perf_counter", lambda: float(next(ticks)))
-    monkeypatch.setattr(calibration, "_loop_seconds", lambda: next(loops))
-    collector = calibration.begin()
+    # A hiccup in the second loop, a slow third one.
+    collector = _fake_collector(calibration, [2.0, 4.0, 3.0, 1.0])
     calibration.timed(lambda: None)()
     calibration.timed(lambda: None)()
     calibration.end()
