@@ -2,38 +2,43 @@
 
 Each record's own figure is compared with the same record in the baseline (matched by
 ``(group, name)``): ``change = (run / baseline) / machine factor`` for times and ``run /
-baseline`` for bytes. The figure is, by preference, ``extra_info["calibrated"]``: the median of
-the record's timed calls, each over the time of a fixed loop run beside it (``calibration.py``;
-the quick tier records it), which takes out the machine's slow stretches that a row's
-consecutive rounds fall into together. Otherwise it is ``stats.min``; for memory groups
-(records with ``extra_info["rss_bytes_per_msg"]``) the bytes per message. A calibrated figure is
-only ever compared with a calibrated one. The **machine factor** is the median of ``run /
-baseline`` over every time record of the run: a machine uniformly slower or faster than the
-baseline's moves every record alike and cancels out, and the median over ~100 records is not
-moved by a few noisy ones. (The earlier gate divided each record by its group's heapq row
-instead; but a heapq row is one pure-Python set of tuples whose speed moves 1.3-1.6x with the
-memory layout the earlier benchmarks left, and every row of its group moved with it.)
+baseline`` for bytes. The figure (``gate_records``) is, by preference,
+``extra_info["calibrated"]``: the least of the record's timed calls, each over the time of a
+fixed loop run beside it (``calibration.py``; the quick tier records it), which takes out the
+machine's slow stretches that a row's consecutive rounds fall into together. Otherwise it is
+``stats.min``; for memory groups (records with ``extra_info["rss_bytes_per_msg"]``) the bytes
+per message. A calibrated figure is only ever compared with a calibrated one.
 
-Two checks, both must pass:
+The **machine factor** is a median of ``run / baseline`` over other records: a machine
+uniformly slower or faster than the baseline's moves every record alike and cancels out. Which
+records depends on the check (``gate_factors``), so that no slowdown can move its own measure.
+Three checks, all must pass:
 
 * **per structure** (``extra_info["kind"]``: DelayIndex, InMemoryTracker, each pure build,
-  TripleHeap, the shared index): the geometric mean of its time records' changes must stay within
-  ``--tolerance`` (default 0.15). A structure made slower shows in all its records at once,
-  while the noise of single records (up to about 1.3x between clean runs on a shared 2-core
-  machine) averages out over the 15-20 records of a structure;
+  TripleHeap, the shared index): the geometric mean of its time records' changes, each over the
+  median of every *other* kind's records, must stay within ``--tolerance`` (default 0.15). A
+  structure made slower shows in all its records at once, while the noise of single records
+  averages out over the records of a structure;
+* **all structures together** (``all structures``): the geometric mean of every gated time
+  record's change over the median of the *references* (heapq, SortedList, Redis rows: code this
+  project never changes), within the same tolerance: a slowdown of everything we own;
 * **per record**: no single record's change beyond ``--row-tolerance`` (default 0.5), for a
-  regression confined to one operation, and for the memory records (bytes per message).
+  regression confined to one operation, and for the memory records (bytes per message). It
+  divides by the machine factor *of the moment*: the median of the
+  ``gate_factors.LOCAL_WINDOW`` records run before and after the record, since a shared machine
+  has slow stretches that a run-wide median does not see.
 
-The per-record check divides by the machine factor *of the moment*: the median change of the
-:data:`LOCAL_WINDOW` records run before and after the record (:func:`local_factors`), since a
-shared machine has slow stretches that the run-wide median does not see.
+The baselines (heapq, SortedList, Redis rows) are never gated themselves; neither is a record
+whose ``extra_info["ungated"]`` says why it cannot be (the memory row of DelayIndex under glibc's
+default allocator settings, which moves up to 1.7x with the allocator's luck: its ``-tuned``
+twin is gated instead). New records (not in the baseline) and missing ones are reported, never
+failed.
 
-The baselines (heapq, SortedList, Redis rows) are compared too, in the machine factor, but
-never gated; so is a record whose ``extra_info["ungated"]`` says why it cannot be (the memory
-row of DelayIndex under glibc's default allocator settings, which moves up to 1.7x with the
-allocator's luck: its ``-tuned`` twin is gated instead). Several runs of the same tier: each
-record is gated on its best change over them.
-New records (not in the baseline) and missing ones are reported, never failed.
+**Several runs** of the same tier (``delayindex bench --gate`` makes two, each in its own
+process): each record is gated on its best change over them, each structure on the geometric
+mean of its records over all of them. A structure's speed moves with its process (the shared
+index's records read 0.8-1.2x of the baseline in clean runs, together); the mean of two
+processes halves that luck's spread, where the best of two would hide half a slowdown.
 
 **Confirmation** (``--confirm``, what ``delayindex bench --gate`` uses): when a run fails, its
 offenders (each record past the row tolerance, every time record of a structure past the
@@ -78,7 +83,7 @@ import math
 import statistics
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,122 +92,24 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import calibration
 import gate_confirm
+import gate_factors
+from gate_factors import ALL_KINDS
+from gate_records import (
+    GateInputError,
+    Key,
+    Ratio,
+    comparable,
+    load_records,
+    ratios,
+    reduce_run,
+)
 from gate_report import report
 
 DEFAULT_BASELINE = Path(__file__).resolve().parent / "baseline-quick.json"
 DEFAULT_TOLERANCE = 0.15
 DEFAULT_ROW_TOLERANCE = 0.5
-REFERENCE_KIND = "heapq"
 #: The baselines we compare against (not ours to gate).
 REFERENCE_KINDS = frozenset({"heapq", "heapq-inline", "sortedlist", "redis"})
-#: extra_info keys kept by --write-baseline (what the gate, the plots and the docs read).
-KEPT_INFO = (
-    "label",
-    "kind",
-    "size",
-    "rss_bytes_per_msg",
-    "bytes_per_index",
-    "msgs_per_s",
-    "reported_bytes_per_msg",
-    "max_add_ms",
-    "manifest_writes_per_seal",
-    "slowdown_injected",
-    "ungated",
-    calibration.INFO_KEY,
-)
-
-Key = tuple[str, str]
-
-
-class GateInputError(ValueError):
-    """A run or baseline file that cannot be read as benchmark records."""
-
-
-@dataclass(frozen=True)
-class Ratio:
-    """A record's figure against its group's heapq row (lower is better)."""
-
-    group: str
-    name: str
-    label: str
-    metric: str  # "time", "calibrated" (over the machine's speed: calibration) or "bytes/msg"
-    value: float
-    ratio: float | None  # None: the group has no single heapq row
-
-
-def load_records(path: Path) -> list[dict[str, Any]]:
-    """The benchmark records of a pytest-benchmark JSON file (full or reduced form).
-
-    Raises:
-        GateInputError: the file is missing, not JSON, or has no ``benchmarks`` list.
-    """
-    return _records_of(_read(path), path)
-
-
-def _read(path: Path) -> Any:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise GateInputError(f"cannot read {path}: {exc}") from None
-
-
-def _records_of(data: Any, path: Path) -> list[dict[str, Any]]:
-    records = data.get("benchmarks") if isinstance(data, dict) else None
-    if not isinstance(records, list):
-        raise GateInputError(f"{path}: no 'benchmarks' list (not pytest-benchmark JSON)")
-    for record in records:
-        if not isinstance(record, dict) or "name" not in record or "stats" not in record:
-            raise GateInputError(f"{path}: a record without name or stats: {record!r:.200}")
-    return records
-
-
-def _figure(record: dict[str, Any], memory: bool) -> float:
-    if memory:
-        return float(record["extra_info"]["rss_bytes_per_msg"])
-    if calibration.INFO_KEY in record["extra_info"]:
-        return float(record["extra_info"][calibration.INFO_KEY])
-    return float(record["stats"]["min"])
-
-
-def _metric(record: dict[str, Any], memory: bool) -> str:
-    if memory:
-        return "bytes/msg"
-    return "calibrated" if calibration.INFO_KEY in record["extra_info"] else "time"
-
-
-def _comparable(now: Ratio, before: Ratio | None) -> bool:
-    """Both time figures of one kind (a calibrated figure is not compared with a raw time)."""
-    return (
-        before is not None and now.metric == before.metric and now.metric != "bytes/msg"
-        and before.value > 0
-    )  # fmt: skip
-
-
-def ratios(records: Iterable[dict[str, Any]]) -> dict[Key, Ratio]:
-    """Every record's own figure (``value``: min time, or bytes/msg for memory groups) and its
-    ratio to the heapq row of its group (what ``delayindex bench`` shows), by ``(group, name)``."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for record in records:
-        record.setdefault("extra_info", {})
-        groups.setdefault(str(record.get("group") or record["name"]), []).append(record)
-    out: dict[Key, Ratio] = {}
-    for group, members in groups.items():
-        memory = all("rss_bytes_per_msg" in r["extra_info"] for r in members)
-        refs = [r for r in members if r["extra_info"].get("kind") == REFERENCE_KIND]
-        base = _figure(refs[0], memory) if len(refs) == 1 else None
-        for record in members:
-            value = _figure(record, memory)
-            ratio = value / base if base else None
-            name = str(record["name"])
-            out[(group, name)] = Ratio(
-                group=group,
-                name=name,
-                label=str(record["extra_info"].get("label") or name),
-                metric=_metric(record, memory),
-                value=value,
-                ratio=ratio,
-            )
-    return out
 
 
 def parse_simulated(text: str) -> tuple[str, float]:
@@ -269,53 +176,46 @@ class Change:
     now: Ratio
     before: Ratio
     kind: str
-    # (now / before) / machine factor; memory: now / before. 1.0 = unchanged
+    # (now / before) / its kind's machine factor; memory: now / before. 1.0 = unchanged
     change: float
-    # What the per-record check gates: ``change``, with the machine factor of the moment the
-    # record ran (its neighbours in the run) instead of the whole run's; see local_factors.
+    # What the per-record check gates: the share over the machine factor of the moment the
+    # record ran (its neighbours in the run); see gate_factors.local_factors.
     row_change: float = 0.0
+    # What the check over all our structures gates: the share over the references' factor.
+    overall: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.row_change:
-            object.__setattr__(self, "row_change", self.change)
+        for name in ("row_change", "overall"):
+            if not getattr(self, name):
+                object.__setattr__(self, name, self.change)
+
+    def scaled(self, now: Ratio, scale: float) -> Change:
+        """This change with ``now`` as its figure and every change multiplied by ``scale``."""
+        return Change(
+            now, self.before, self.kind, self.change * scale, self.row_change * scale,
+            self.overall * scale,
+        )  # fmt: skip
 
 
-def machine_factor(run: dict[Key, Ratio], baseline: dict[Key, Ratio]) -> float:
-    """How much slower this machine ran the whole run than the baseline's: the median over
-    every time record present in both of ``run / baseline`` (1.0 when none)."""
-    shares = [
-        run[key].value / baseline[key].value
-        for key in run
-        if _comparable(run[key], baseline.get(key))
-    ]
-    return statistics.median(shares) if shares else 1.0
+def _shares(run: dict[Key, Ratio], baseline: dict[Key, Ratio]) -> dict[Key, float]:
+    """``run / baseline`` of every time record comparable in both (see ``gate_factors``)."""
+    return {
+        key: now.value / before.value
+        for key, now in run.items()
+        for before in (baseline.get(key),)
+        if before is not None and comparable(now, before)
+    }
 
 
-#: Time records on each side of a record whose median share is its local machine factor:
-#: about six seconds of the quick tier each way, inside the slow stretches seen (about 20 s).
-LOCAL_WINDOW = 6
-
-
-def local_factors(
-    run: dict[Key, Ratio], baseline: dict[Key, Ratio], order: Sequence[Key]
-) -> dict[Key, float]:
-    """Each time record's *local* machine factor: the median ``run / baseline`` of the
-    :data:`LOCAL_WINDOW` time records run before it and after it (``order``: the run's
-    execution order, as pytest-benchmark lists its records), itself excluded.
-
-    A shared machine has slow stretches: in one clean run, every benchmark of a 20-second
-    stretch (codec decode, reopen, replay; reference rows too) ran 1.5-1.6x slower. The
-    run-wide factor does not see a stretch, a local one does; a regression of one operation
-    does not move its neighbours' median. Records with fewer than three neighbours in the
-    baseline get no local factor (the run-wide one applies)."""
-    timed = [key for key in order if key in run and _comparable(run[key], baseline.get(key))]
-    shares = [run[key].value / baseline[key].value for key in timed]
-    out = {}
-    for i, key in enumerate(timed):
-        window = shares[max(i - LOCAL_WINDOW, 0) : i] + shares[i + 1 : i + 1 + LOCAL_WINDOW]
-        if len(window) >= 3:
-            out[key] = statistics.median(window)
-    return out
+def machine_factor(
+    run: dict[Key, Ratio], baseline: dict[Key, Ratio], kinds: dict[Key, str] | None = None
+) -> float:
+    """How much slower this machine ran the run than the baseline's: the median ``run /
+    baseline`` over the reference records (``kinds``' :data:`REFERENCE_KINDS`, at least
+    ``gate_factors.MIN_REFERENCES`` of them), else over every time record present in both
+    (1.0 when none)."""
+    shares = _shares(run, baseline)
+    return gate_factors.kind_factors(shares, kinds or {}, REFERENCE_KINDS)[ALL_KINDS]
 
 
 def changes(
@@ -324,25 +224,26 @@ def changes(
     kinds: dict[Key, str],
     order: Sequence[Key] = (),
 ) -> dict[Key, Change]:
-    """Each record's :class:`Change` (records in both; reference kinds included). With the
-    run's execution ``order``, each time record's ``row_change`` uses its local machine factor
-    (:func:`local_factors`)."""
-    factor = machine_factor(run, baseline)
-    local = local_factors(run, baseline, order)
+    """Each record's :class:`Change` (records in both; reference kinds included): ``change``
+    over its kind's factor, ``overall`` over the references', and, with the run's execution
+    ``order``, ``row_change`` over its local factor (``gate_factors``)."""
+    shares = _shares(run, baseline)
+    factors = gate_factors.kind_factors(shares, kinds, REFERENCE_KINDS)
+    local = gate_factors.local_factors(shares, order)
     out = {}
     for key, now in run.items():
         before = baseline.get(key)
         if before is None or before.value <= 0 or now.metric != before.metric:
             continue
         kind = kinds.get(key, "")
-        row_change = 0.0
-        if now.metric != "bytes/msg":
-            change = now.value / before.value / factor
-            if key in local:
-                row_change = now.value / before.value / local[key]
-        else:
-            change = now.value / before.value
-        out[key] = Change(now, before, kind, change, row_change)
+        if key in shares:
+            share = shares[key]
+            out[key] = Change(
+                now, before, kind, share / factors[kind], share / local.get(key, factors[kind]),
+                share / factors[ALL_KINDS],
+            )  # fmt: skip
+        else:  # memory: bytes per message, no machine speed in it
+            out[key] = Change(now, before, kind, now.value / before.value)
     return out
 
 
@@ -371,8 +272,31 @@ def best_changes(runs: Sequence[dict[Key, Change]]) -> dict[Key, Change]:
                 best.kind,
                 min(best.change, change.change),
                 min(best.row_change, change.row_change),
+                min(best.overall, change.overall),
             )
     return out
+
+
+def structures(
+    runs: Sequence[dict[Key, Change]], ungated: Collection[Key] = ()
+) -> dict[str, tuple[float, int]]:
+    """Each structure's ``(figure, records)``: the geometric mean of the changes of its gated
+    time records over every run in ``runs`` (several processes: one process's luck averages
+    out, a slowdown stays), and :data:`ALL_KINDS`'s over every gated time record of ours."""
+    pool: dict[str, list[float]] = {}
+    for run in runs:
+        for key, change in run.items():
+            if (
+                change.kind in REFERENCE_KINDS or key in ungated
+                or change.now.metric == "bytes/msg"
+            ):  # fmt: skip
+                continue
+            pool.setdefault(change.kind, []).append(change.change)
+            pool.setdefault(ALL_KINDS, []).append(change.overall)
+    return {
+        kind: (math.exp(statistics.fmean(math.log(max(v, 1e-12)) for v in values)), len(values))
+        for kind, values in sorted(pool.items())
+    }
 
 
 def median_baseline(paths: Sequence[Path]) -> dict[str, Any]:
@@ -434,12 +358,13 @@ def compare(
     row_tolerance: float = DEFAULT_ROW_TOLERANCE,
     factor: float = 1.0,
     ungated: dict[Key, str] | None = None,
+    kinds: dict[str, tuple[float, int]] | None = None,
 ) -> Verdict:
-    """Gate the changes (see the module doc): per structure (kind) on the geometric mean of
-    its records' changes against ``tolerance``; per record against ``row_tolerance``. Records
-    in ``ungated`` (their ``extra_info["ungated"]``: why) are reported, not gated."""
+    """Gate the changes (see the module doc): each structure's figure in ``kinds`` (default:
+    :func:`structures` of ``run`` alone) against ``tolerance``; each record's ``row_change``
+    against ``row_tolerance``. Records in ``ungated`` (their ``extra_info["ungated"]``: why) are
+    reported, not gated."""
     verdict = Verdict([], [], [], 0, {}, [], [], factor)
-    per_kind: dict[str, list[float]] = {}
     for key, change in sorted(run.items()):
         if change.kind in REFERENCE_KINDS:
             continue  # the baselines are not ours to gate
@@ -447,55 +372,17 @@ def compare(
             verdict.reported.append((change, ungated[key]))
             continue
         verdict.compared += 1
-        if change.now.metric != "bytes/msg":  # memory records are gated one by one
-            per_kind.setdefault(change.kind, []).append(change.change)
         if change.row_change > 1 + row_tolerance:
             verdict.regressions.append(change)
         elif change.change < 1 / (1 + tolerance):
             verdict.improvements.append(change)
-    for kind, values in sorted(per_kind.items()):
-        mean = math.exp(statistics.fmean(math.log(max(v, 1e-12)) for v in values))
-        verdict.kinds[kind] = (mean, len(values))
-        if mean > 1 + tolerance:
-            verdict.slower_kinds.append((kind, mean, len(values)))
+    verdict.kinds = kinds if kinds is not None else structures([run], ungated or {})
+    verdict.slower_kinds = [
+        (kind, mean, n) for kind, (mean, n) in verdict.kinds.items() if mean > 1 + tolerance
+    ]
     verdict.new = [r for key, r in sorted(run_figures.items()) if key not in baseline]
     verdict.missing = [r for key, r in sorted(baseline.items()) if key not in run_figures]
     return verdict
-
-
-def reduce_run(path: Path) -> dict[str, Any]:
-    """The parts of a pytest-benchmark JSON file a baseline keeps."""
-    data = _read(path)
-    records = _records_of(data, path)
-    machine = data.get("machine_info") or {}
-    cpu = machine.get("cpu") or {}
-    return {
-        "note": "reduced pytest-benchmark JSON of a quick-tier run; see benchmarks/gate.py",
-        "machine_info": {
-            **{
-                key: machine.get(key)
-                for key in ("node", "machine", "python_version", "release", "system")
-            },
-            "cpu": {key: cpu.get(key) for key in ("brand_raw", "count", "hz_actual_friendly")},
-        },
-        "commit_info": {
-            key: data.get("commit_info", {}).get(key) for key in ("id", "dirty", "branch")
-        },
-        "datetime": data.get("datetime"),
-        "benchmarks": [
-            {
-                "group": record.get("group"),
-                "name": record["name"],
-                "stats": {key: record["stats"].get(key) for key in ("min", "median", "rounds")},
-                "extra_info": {
-                    key: record.get("extra_info", {})[key]
-                    for key in KEPT_INFO
-                    if key in record.get("extra_info", {})
-                },
-            }
-            for record in records
-        ],
-    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -599,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if simulated is not None:
                 records = simulate_slowdown(records, *simulated)
             run = ratios(records)
-            factors.append(machine_factor(run, baseline))
+            factors.append(machine_factor(run, baseline, _kind(records)))
             order = [(str(r.get("group") or r["name"]), str(r["name"])) for r in records]
             runs.append(changes(run, baseline, _kind(records), order))
             merged.update(run)
@@ -615,21 +502,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     best = best_changes(runs)
+    kinds = structures(runs, ungated)
     factor = statistics.median(factors)
-    verdict = compare(best, merged, baseline, args.tolerance, args.row_tolerance, factor, ungated)
+    limits = (args.tolerance, args.row_tolerance, factor, ungated)
+    verdict = compare(best, merged, baseline, *limits, kinds)
     print(f"gate: {', '.join(map(str, args.run))} against {args.baseline}")
     for _ in range(args.confirm_rounds if args.confirm else 0):
         if verdict.ok:
             break
         try:
-            best, note = _confirm(verdict, every, best, args.tier, simulated)
+            best, kinds, note = _confirm(verdict, every, best, args.tier, simulated)
         except (GateInputError, gate_confirm.RerunError, OSError) as exc:
             print(f"gate: {exc}", file=sys.stderr)
             return 2
         print(note)
-        verdict = compare(
-            best, merged, baseline, args.tolerance, args.row_tolerance, factor, ungated
-        )
+        verdict = compare(best, merged, baseline, *limits, kinds)
     for line in report(verdict, args.tolerance, args.row_tolerance):
         print(line)
     return 0 if verdict.ok else 1
@@ -641,23 +528,28 @@ def _confirm(
     best: dict[Key, Change],
     tier: str,
     simulated: tuple[str, float] | None,
-) -> tuple[dict[Key, Change], str]:
-    """Run the offenders again (see Confirmation in the module doc); each record's better
-    change of the runs so far and this one, and a line saying what was run."""
+) -> tuple[dict[Key, Change], dict[str, tuple[float, int]], str]:
+    """Run the offenders again (see Confirmation in the module doc). Returns each record's
+    better change of the runs so far and this one, each structure's better figure (a structure
+    that failed is figured on the rerun of all its records), and a line saying what was run."""
     names = {
         (str(r.get("group") or r["name"]), str(r["name"])): str(r["fullname"])
         for r in records
         if r.get("fullname")
     }
+    slow = {kind for kind, _, _ in verdict.slower_kinds}
+    if ALL_KINDS in slow:  # every structure's records are the offenders
+        slow |= {c.kind for c in best.values() if c.kind not in REFERENCE_KINDS}
     offenders, references = gate_confirm.targets(
         {(c.now.group, c.now.name) for c in verdict.regressions},
-        {kind for kind, _, _ in verdict.slower_kinds},
+        slow,
         {key: (c.kind, c.now.metric, c.now.value) for key, c in best.items()},
         names,
         REFERENCE_KINDS,
     )
     if not offenders:
-        return best, "confirmation: no offender has a pytest node id; nothing run again"
+        note = "confirmation: no offender has a pytest node id; nothing run again"
+        return best, verdict.kinds, note
     with tempfile.TemporaryDirectory(prefix="gate-confirm-") as tmp:
         out = gate_confirm.run_again(
             [names[k] for k in offenders + references], Path(tmp) / "rerun.json", tier
@@ -670,16 +562,21 @@ def _confirm(
     again = ratios(rerun)
     figures = {key: (r.value, r.metric) for key, r in again.items()}
     scales = gate_confirm.scales({k: c.now.value for k, c in best.items()}, figures, references)
-    confirmed = {
-        key: Change(again[key], was.before, was.kind, was.change * scale, was.row_change * scale)
-        for key, scale in scales.items()
-        for was in (best[key],)
-    }
+    confirmed = {key: best[key].scaled(again[key], scale) for key, scale in scales.items()}
+    kinds = dict(verdict.kinds)
+    for kind, (mean, n) in structures([confirmed], verdict_ungated(verdict)).items():
+        if kind in slow and kind in kinds:
+            kinds[kind] = min(kinds[kind], (mean, n))
     note = (
         f"confirmation: {len(offenders)} offending benchmarks run again (with "
         f"{len(references)} references); each gated on its best change over the runs"
     )
-    return best_changes([best, confirmed]), note
+    return best_changes([best, confirmed]), kinds, note
+
+
+def verdict_ungated(verdict: Verdict) -> set[Key]:
+    """The keys of the records ``verdict`` reported without gating."""
+    return {(change.now.group, change.now.name) for change, _ in verdict.reported}
 
 
 if __name__ == "__main__":

@@ -35,17 +35,17 @@ def targets(
     ``names``. ``records`` maps a key to ``(kind, metric, value)``. Offenders: the
     ``regressions`` (records past the row tolerance) and every time record of a structure in
     ``slow_kinds``. References: the :data:`REFERENCES` shortest other time records of gated
-    structures (not of ``reference_kinds``), whose speed in the rerun measures the machine's
-    drift between the two runs."""
+    structures (not of ``reference_kinds``; of those only when every gated one is an offender),
+    whose speed in the rerun measures the machine's drift between the two runs."""
     offenders, others = [], []
     for key, (kind, metric, value) in sorted(records.items()):
         if key not in names:
             continue
         if key in regressions or (kind in slow_kinds and metric != "bytes/msg"):
             offenders.append(key)
-        elif metric != "bytes/msg" and kind not in reference_kinds:
-            others.append((value, key))
-    return offenders, [key for _, key in sorted(others)[:REFERENCES]]
+        elif metric != "bytes/msg":
+            others.append((kind in reference_kinds, value, key))
+    return offenders, [key for *_, key in sorted(others)[:REFERENCES]]
 
 
 def scales(

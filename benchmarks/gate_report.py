@@ -24,8 +24,8 @@ def _line(change: Any, row: bool = False) -> str:
 def report(verdict: Any, tolerance: float, row_tolerance: float) -> list[str]:
     """Human-readable lines: offenders first, then the per-structure table and the rest."""
     lines = [
-        f"machine factor {verdict.factor:.3f} (this run's median time over the baseline's; "
-        "every change below is divided by it)"
+        f"machine factor {verdict.factor:.3f} (the reference rows' median time over the "
+        "baseline's; each structure is measured against the other kinds' rows instead)"
     ]
     if verdict.ok:
         lines.append(

@@ -113,6 +113,46 @@ def test_a_structure_slower_than_tolerance_fails_though_no_record_does(
     assert _gate(tmp_path, _run(kinds={"delay_index": 1.1}), _run(), "--tolerance", "0.05") == 1
 
 
+def test_a_slowdown_of_every_structure_is_caught_against_the_references(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two of the three kinds are ours: both 1.3x slower moved the run-wide median with them,
+    and every structure read x1.0. The references (heapq) are code we never change."""
+    run = _run(scale=1.7, kinds={"delay_index": 1.3, "in_memory": 1.3})
+    assert _gate(tmp_path, run, _run(scale=1.0)) == 1
+    out = capsys.readouterr().out
+    assert "machine factor 1.700" in out and "all structures: x1.30 over 12 benchmarks" in out
+    assert _gate(tmp_path, _run(scale=1.7, kinds={"delay_index": 1.1, "in_memory": 1.1}),
+                 _run()) == 0  # fmt: skip
+
+
+def test_a_structures_slowdown_is_not_diluted_by_its_own_records(tmp_path: Path) -> None:
+    """Each structure is measured against the other kinds' records only."""
+    shares = {("g", f"r{i}"): 1.3 for i in range(8)} | {("g", f"q{i}"): 1.0 for i in range(5)}
+    kinds = {key: "delay_index" if key[1][0] == "r" else "heapq" for key in shares}
+    factors = gate.gate_factors.kind_factors(shares, kinds, gate.REFERENCE_KINDS)
+    assert factors["delay_index"] == 1.0 and factors["heapq"] == 1.3
+    assert factors[gate.ALL_KINDS] == 1.0
+    # Fewer references than MIN_REFERENCES: every record measures the machine.
+    few = {key: kind for key, kind in kinds.items() if key != ("g", "q0")}
+    del shares[("g", "q0")]
+    assert gate.gate_factors.kind_factors(shares, few, gate.REFERENCE_KINDS)[gate.ALL_KINDS] == 1.3
+
+
+def test_a_structure_is_gated_on_its_mean_over_the_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record's best change over several runs is gated, but a structure's figure is its
+    geometric mean over all of them: the best of two would hide half a slowdown."""
+    base = _write(tmp_path / "base.json", _run())
+    slow = _write(tmp_path / "a.json", _run(kinds={"delay_index": 1.44}))
+    clean = _write(tmp_path / "b.json", _run(scale=2.0))
+    assert gate.main([str(slow), str(clean), "--baseline", str(base)]) == 1
+    assert "delay_index: x1.20 over 12 benchmarks" in capsys.readouterr().out
+    mild = _write(tmp_path / "c.json", _run(kinds={"delay_index": 1.2}))
+    assert gate.main([str(mild), str(clean), "--baseline", str(base)]) == 0
+
+
 def test_one_record_far_slower_fails_and_is_listed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -126,9 +166,17 @@ def test_one_record_far_slower_fails_and_is_listed(
                  "0.2") == 1  # fmt: skip
 
 
-def test_the_baselines_are_never_gated(tmp_path: Path) -> None:
+def test_the_baselines_are_never_gated_but_measure_the_machine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert _gate(tmp_path, _run(kinds={"heapq": 2.0}), _run()) == 0
-    assert _gate(tmp_path, _run(kinds={"heapq": 0.5}), _run()) == 0
+    assert _gate(tmp_path, _run(**{"add[heapq]": 0.5, "poll[heapq]": 3.0}), _run()) == 0
+    # Every reference twice as fast and ours unchanged: the machine ran twice as fast, so all
+    # our structures together are slower (a reference row itself is never listed).
+    capsys.readouterr()
+    assert _gate(tmp_path, _run(kinds={"heapq": 0.5}), _run()) == 1
+    out = capsys.readouterr().out
+    assert "all structures: x2.00 over 12 benchmarks" in out and "heapq row [" not in out
 
 
 def test_memory_groups_compare_bytes_not_time(tmp_path: Path) -> None:
@@ -350,12 +398,12 @@ def test_a_slow_stretch_of_the_run_is_not_a_regression(
     # Fifteen consecutive records (reference rows too) 1.6x slower: the machine, for a while.
     assert _gate(tmp_path, _long_run(range(50, 65)), _long_run()) == 0
     # Without the local factor the same run fails: the stretch is what the test is about.
-    saved = gate.LOCAL_WINDOW
+    saved = gate.gate_factors.LOCAL_WINDOW
     try:
-        gate.LOCAL_WINDOW = 0
+        gate.gate_factors.LOCAL_WINDOW = 0
         assert _gate(tmp_path, _long_run(range(50, 65)), _long_run()) == 1
     finally:
-        gate.LOCAL_WINDOW = saved
+        gate.gate_factors.LOCAL_WINDOW = saved
     # One record alone 1.6x slower among unchanged neighbours is still a regression.
     capsys.readouterr()
     assert _gate(tmp_path, _long_run(**{"op9[delay_index]": 1.6}), _long_run()) == 1
@@ -423,6 +471,20 @@ def test_confirm_keeps_a_structures_slowdown(tmp_path: Path, rerun: dict[str, An
     (ids, _), _ = rerun["calls"]
     offenders = [name for name in ids if "in_memory" in name]
     assert len(offenders) == len(GROUPS)  # every time record of the slower structure
+
+
+def test_confirm_reruns_every_structure_when_all_are_slower(
+    tmp_path: Path, rerun: dict[str, Any]
+) -> None:
+    everything = {"delay_index": 1.3, "in_memory": 1.3}
+    rerun["run"] = _named(_run(kinds=everything))
+    assert _gate(tmp_path, _named(_run(kinds=everything)), _run(), "--confirm") == 1
+    (ids, _), _ = rerun["calls"]
+    assert sum("heapq" not in name for name in ids) == 2 * len(GROUPS)
+    assert any("heapq" in name for name in ids)  # the drift is measured on the references
+    # An accident of the first process (the rerun is clean) passes.
+    rerun["run"] = _named(_run())
+    assert _gate(tmp_path, _named(_run(kinds=everything)), _run(), "--confirm") == 0
 
 
 def test_confirm_corrects_for_a_machine_that_sped_up(tmp_path: Path, rerun: dict[str, Any]) -> None:

@@ -122,8 +122,8 @@ def _suite(
     (suite / "conftest.py").write_text(_CONFTEST, encoding="utf-8")
     text = _BENCH.format(tier=tier, extra=extra, params=repr(params))
     (suite / "test_fake.py").write_text(text, encoding="utf-8")
-    for module in ("gate.py", "gate_confirm.py", "gate_report.py", "calibration.py"):
-        shutil.copy(REPO / "benchmarks" / module, suite / module)
+    for module in [*(REPO / "benchmarks").glob("gate*.py"), REPO / "benchmarks" / "calibration.py"]:
+        shutil.copy(module, suite / module.name)
     return suite
 
 
@@ -175,8 +175,15 @@ def test_gate_gates_the_run_and_confirms_a_failure(tmp_path: Path, scale: float,
     (suite / "baseline-quick.json").write_text(json.dumps(data), encoding="utf-8")
     done = _bench(suite, "--json-out", "out.json", "--gate")
     assert done.returncode == code, done.stdout + done.stderr
+    assert "run 2 of 2, in a fresh process" in done.stdout  # --gate: two processes
+    assert json.loads((tmp_path / "out.2.json").read_text(encoding="utf-8"))["benchmarks"]
     if code == EXIT_OK:
         assert "OK: 1 benchmarks" in done.stdout and "confirmation" not in done.stdout
     else:
         assert "confirmation: 1 offending benchmarks run again" in done.stdout
         assert "REGRESSION" in done.stdout and "delay_index row" in done.stdout
+
+
+def test_runs_must_be_positive(tmp_path: Path) -> None:
+    done = _bench(_suite(tmp_path), "--runs", "0")
+    assert done.returncode == EXIT_USAGE and "--runs must be at least 1" in done.stderr

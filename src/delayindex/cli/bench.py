@@ -2,12 +2,17 @@
 pytest-benchmark) in this process, write pytest-benchmark's JSON and print each benchmark's
 ratio to the heapq baseline of its group (``benchmarks/gate.py`` computes the ratios). Only a
 source checkout has the suite; :func:`find_benchmarks_dir` finds it.
+
+``--gate`` runs the suite twice, the second time in a fresh process (``--runs``), and gates
+both runs together: a structure's speed moves with its process, and the gate takes each
+structure's mean over the processes (``benchmarks/gate.py``, "Several runs").
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -77,8 +82,15 @@ def register(sub: Any) -> None:
     bench.add_argument(
         "--gate",
         action="store_true",
-        help="then gate the run against the stored baseline (benchmarks/gate.py --confirm: a "
-        "failing run's offenders are run again once before the verdict); exit 1 on a regression",
+        help="then gate the runs against the stored baseline (benchmarks/gate.py --confirm: a "
+        "failing run's offenders are run again before the verdict); exit 1 on a regression",
+    )
+    bench.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="run the suite this many times, each further run in a fresh process (default: 2 "
+        "with --gate, which averages each structure over both processes, else 1)",
     )
     bench.set_defaults(func=handler(_bench, (((_UsageError,), EXIT_USAGE, "error"),)))
 
@@ -132,21 +144,38 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
         argv.append(f"--config-file={suite.parent / 'pyproject.toml'}")
     if args.keyword:
         argv += ["-k", args.keyword]
+    runs = args.runs if args.runs is not None else (2 if args.gate else 1)
+    if runs < 1:
+        raise _UsageError(f"--runs must be at least 1, got {runs}")
     started = time.monotonic()
     code = int(pytest.main(argv))
     elapsed = time.monotonic() - started
+    outs = [out]
+    for number in range(2, runs + 1):
+        if code != 0:
+            break
+        outs.append(out.with_name(f"{out.stem}.{number}{out.suffix}"))
+        console.print(f"delayindex bench: run {number} of {runs}, in a fresh process")
+        sys.stdout.flush()
+        again = [a if not a.startswith("--benchmark-json=") else f"--benchmark-json={outs[-1]}"
+                 for a in argv]  # fmt: skip
+        command = [sys.executable, "-m", "pytest", *again]
+        code = subprocess.run(command, cwd=suite.parent, check=False).returncode
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(width=160)  # a log file: room for the labels
     if not out.is_file():
         console.print(f"delayindex bench: pytest exited {code} and wrote no results", style="red")
         return EXIT_CHECK_FAILED if code == 1 else EXIT_USAGE
     console.print(_bench_table(gate, out, args.tier, elapsed))
+    files = " ".join(map(str, outs))
     console.print(
-        f"JSON: {out}\nGate: python {suite / 'gate.py'} {out}", highlight=False, soft_wrap=True
+        f"JSON: {files}\nGate: python {suite / 'gate.py'} {files}",
+        highlight=False,
+        soft_wrap=True,
     )
     if code == 0 and args.gate:
         sys.stdout.flush()
-        code = int(gate.main([str(out), "--confirm", f"--tier={args.tier}"]))
+        code = int(gate.main([*map(str, outs), "--confirm", f"--tier={args.tier}"]))
     return {0: EXIT_OK, 1: EXIT_CHECK_FAILED}.get(code, EXIT_USAGE)
 
 
