@@ -40,15 +40,15 @@ mean of its records over all of them. A structure's speed moves with its process
 index's records read 0.8-1.2x of the baseline in clean runs, together); the mean of two
 processes halves that luck's spread, where the best of two would hide half a slowdown.
 
-**Confirmation** (``--confirm``, what ``delayindex bench --gate`` uses): when a run fails, its
-offenders (each record past the row tolerance, every time record of a structure past the
+**Confirmation** (``--confirm``, what ``delayindex bench --gate`` uses): when the runs fail,
+the offenders (each record past the row tolerance, every time record of a structure past the
 tolerance) are run again at once in a fresh pytest process, beside a few unflagged records as a
-speed reference, and each is gated on its best change over the runs; while some still fail, up
-to ``--confirm-rounds`` (default 2) reruns are made. A slowdown in the code shows in every run;
-an accident of one process (single records moved up to 1.9x between clean runs on a shared
-2-core machine) rarely shows twice. A rerun is put on the first run's scale (its machine
-factors), corrected by its speed on the references (``gate_confirm.scales``), so a machine that
-sped up meanwhile cannot hide a slowdown.
+speed reference. Each record is then gated on its best change over the processes, and each
+failing structure on its mean over all of them: one process more makes its figure more
+precise, where taking its better figure would let a real slowdown pass on one lucky process.
+While some still fail, up to ``--confirm-rounds`` (default 2) reruns are made. A rerun is put
+on the first runs' scale (their machine factors), corrected by its speed on the references
+(``gate_confirm.scales``), so a machine that sped up meanwhile cannot hide a slowdown.
 
 Usage (from the repository root)::
 
@@ -511,7 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if verdict.ok:
             break
         try:
-            best, kinds, note = _confirm(verdict, every, best, args.tier, simulated)
+            best, kinds, note = _confirm(verdict, every, best, runs, args.tier, simulated)
         except (GateInputError, gate_confirm.RerunError, OSError) as exc:
             print(f"gate: {exc}", file=sys.stderr)
             return 2
@@ -526,12 +526,14 @@ def _confirm(
     verdict: Verdict,
     records: list[dict[str, Any]],
     best: dict[Key, Change],
+    runs: list[dict[Key, Change]],
     tier: str,
     simulated: tuple[str, float] | None,
 ) -> tuple[dict[Key, Change], dict[str, tuple[float, int]], str]:
     """Run the offenders again (see Confirmation in the module doc). Returns each record's
-    better change of the runs so far and this one, each structure's better figure (a structure
-    that failed is figured on the rerun of all its records), and a line saying what was run."""
+    better change of the runs so far and this one, each structure's figure (a structure that
+    failed: its mean over every process so far, this rerun of all its records appended to
+    ``runs``), and a line saying what was run."""
     names = {
         (str(r.get("group") or r["name"]), str(r["name"])): str(r["fullname"])
         for r in records
@@ -563,10 +565,9 @@ def _confirm(
     figures = {key: (r.value, r.metric) for key, r in again.items()}
     scales = gate_confirm.scales({k: c.now.value for k, c in best.items()}, figures, references)
     confirmed = {key: best[key].scaled(again[key], scale) for key, scale in scales.items()}
-    kinds = dict(verdict.kinds)
-    for kind, (mean, n) in structures([confirmed], verdict_ungated(verdict)).items():
-        if kind in slow and kind in kinds:
-            kinds[kind] = min(kinds[kind], (mean, n))
+    runs.append(confirmed)
+    pooled = structures(runs, verdict_ungated(verdict))
+    kinds = {kind: pooled[kind] if kind in slow else held for kind, held in verdict.kinds.items()}
     note = (
         f"confirmation: {len(offenders)} offending benchmarks run again (with "
         f"{len(references)} references); each gated on its best change over the runs"

@@ -487,6 +487,18 @@ def test_confirm_reruns_every_structure_when_all_are_slower(
     assert _gate(tmp_path, _named(_run(kinds=everything)), _run(), "--confirm") == 0
 
 
+def test_confirm_gates_a_structure_on_its_mean_over_the_processes(
+    tmp_path: Path, rerun: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """1.5x in the run and clean in the rerun: x1.22 over the two processes, still failing
+    (the better of the two, x1.0, would have let it pass); 1.2x and clean: x1.10, passing."""
+    rerun["run"] = _named(_run())
+    assert _gate(tmp_path, _named(_run(kinds={"in_memory": 1.5})), _run(), "--confirm",
+                 "--confirm-rounds", "1") == 1  # fmt: skip
+    assert "in_memory: x1.22 over 12 benchmarks" in capsys.readouterr().out
+    assert _gate(tmp_path, _named(_run(kinds={"in_memory": 1.21})), _run(), "--confirm") == 0
+
+
 def test_confirm_corrects_for_a_machine_that_sped_up(tmp_path: Path, rerun: dict[str, Any]) -> None:
     """The rerun ran 1.3x faster across the board (references too): the slowdown stays."""
     rerun["run"] = _named(_run(scale=1 / 1.3, kinds={"in_memory": 1.3}))
