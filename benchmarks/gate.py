@@ -203,7 +203,7 @@ def _shares(run: dict[Key, Ratio], baseline: dict[Key, Ratio]) -> dict[Key, floa
         key: now.value / before.value
         for key, now in run.items()
         for before in (baseline.get(key),)
-        if before is not None and comparable(now, before)
+        if comparable(now, before)
     }
 
 
@@ -511,7 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if verdict.ok:
             break
         try:
-            best, kinds, note = _confirm(verdict, every, best, runs, args.tier, simulated)
+            best, kinds, note = _confirm(verdict, every, best, runs, ungated, args.tier, simulated)
         except (GateInputError, gate_confirm.RerunError, OSError) as exc:
             print(f"gate: {exc}", file=sys.stderr)
             return 2
@@ -527,6 +527,7 @@ def _confirm(
     records: list[dict[str, Any]],
     best: dict[Key, Change],
     runs: list[dict[Key, Change]],
+    ungated: dict[Key, str],
     tier: str,
     simulated: tuple[str, float] | None,
 ) -> tuple[dict[Key, Change], dict[str, tuple[float, int]], str]:
@@ -566,18 +567,13 @@ def _confirm(
     scales = gate_confirm.scales({k: c.now.value for k, c in best.items()}, figures, references)
     confirmed = {key: best[key].scaled(again[key], scale) for key, scale in scales.items()}
     runs.append(confirmed)
-    pooled = structures(runs, verdict_ungated(verdict))
+    pooled = structures(runs, ungated)
     kinds = {kind: pooled[kind] if kind in slow else held for kind, held in verdict.kinds.items()}
     note = (
         f"confirmation: {len(offenders)} offending benchmarks run again (with "
         f"{len(references)} references); each gated on its best change over the runs"
     )
     return best_changes([best, confirmed]), kinds, note
-
-
-def verdict_ungated(verdict: Verdict) -> set[Key]:
-    """The keys of the records ``verdict`` reported without gating."""
-    return {(change.now.group, change.now.name) for change, _ in verdict.reported}
 
 
 if __name__ == "__main__":
