@@ -115,6 +115,9 @@ def find_benchmarks_dir(given: Path | None = None) -> Path:
 def _bench(args: argparse.Namespace, console: Console) -> int:
     import importlib.util
 
+    runs = args.runs if args.runs is not None else (2 if args.gate else 1)
+    if runs < 1:
+        raise _UsageError(f"--runs must be at least 1, got {runs}")
     missing = [m for m in ("pytest", "pytest_benchmark") if importlib.util.find_spec(m) is None]
     if missing:
         raise _UsageError(
@@ -130,25 +133,8 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
     import pytest
 
     out = args.json_out.resolve()
-    argv = [
-        str(suite),
-        "--benchmark-enable",
-        f"--bench-tier={args.tier}",
-        f"--benchmark-json={out}",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        f"--rootdir={suite.parent}",
-    ]
-    if (suite.parent / "pyproject.toml").is_file():
-        argv.append(f"--config-file={suite.parent / 'pyproject.toml'}")
-    if args.keyword:
-        argv += ["-k", args.keyword]
-    runs = args.runs if args.runs is not None else (2 if args.gate else 1)
-    if runs < 1:
-        raise _UsageError(f"--runs must be at least 1, got {runs}")
     started = time.monotonic()
-    code = int(pytest.main(argv))
+    code = int(pytest.main(_pytest_argv(args, suite, out)))
     elapsed = time.monotonic() - started
     outs = [out]
     for number in range(2, runs + 1):
@@ -157,9 +143,7 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
         outs.append(out.with_name(f"{out.stem}.{number}{out.suffix}"))
         console.print(f"delayindex bench: run {number} of {runs}, in a fresh process")
         sys.stdout.flush()
-        again = [a if not a.startswith("--benchmark-json=") else f"--benchmark-json={outs[-1]}"
-                 for a in argv]  # fmt: skip
-        command = [sys.executable, "-m", "pytest", *again]
+        command = [sys.executable, "-m", "pytest", *_pytest_argv(args, suite, outs[-1])]
         code = subprocess.run(command, cwd=suite.parent, check=False).returncode
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(width=160)  # a log file: room for the labels
@@ -177,6 +161,25 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
         sys.stdout.flush()
         code = int(gate.main([*map(str, outs), "--confirm", f"--tier={args.tier}"]))
     return {0: EXIT_OK, 1: EXIT_CHECK_FAILED}.get(code, EXIT_USAGE)
+
+
+def _pytest_argv(args: argparse.Namespace, suite: Path, out: Path) -> list[str]:
+    """pytest's arguments for one run of ``suite`` writing its JSON to ``out``."""
+    argv = [
+        str(suite),
+        "--benchmark-enable",
+        f"--bench-tier={args.tier}",
+        f"--benchmark-json={out}",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--rootdir={suite.parent}",
+    ]
+    if (suite.parent / "pyproject.toml").is_file():
+        argv.append(f"--config-file={suite.parent / 'pyproject.toml'}")
+    if args.keyword:
+        argv += ["-k", args.keyword]
+    return argv
 
 
 def _bench_table(gate: Any, out: Path, tier: str, elapsed: float) -> Table:
