@@ -1,0 +1,97 @@
+"""The Python daemon of local sessions (``delayindex.spark._daemon``): pyspark loaded from the
+installed package instead of Spark's zip, and the job's modules imported once, in the daemon.
+
+The layout rule is tested on made-up directories; the daemon itself through the shared
+``spark`` fixture (a ``local_session``), whose workers report where their modules came from.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from delayindex.spark._daemon import (
+    PRELOADED_MODULES,
+    installed_pyspark_zips,
+    prefer_installed_pyspark,
+    preload,
+)
+from delayindex.spark.session import LOCAL_DAEMON_MODULE
+
+
+def _pip_layout(root: Path) -> tuple[Path, list[str]]:
+    """site-packages/pyspark with its python/lib zips, as ``pip install pyspark`` lays it out."""
+    home = root / "site-packages" / "pyspark"
+    lib = home / "python" / "lib"
+    lib.mkdir(parents=True)
+    (home / "__init__.py").write_text("")
+    zips = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
+    for z in zips:
+        Path(z).write_bytes(b"")
+    return home, zips
+
+
+def test_the_installed_packages_own_zips_are_found(tmp_path: Path) -> None:
+    home, zips = _pip_layout(tmp_path)
+    path = ["", *zips, "/usr/lib/python311.zip", str(home.parent)]
+    assert installed_pyspark_zips(path, str(home)) == zips
+
+
+@pytest.mark.parametrize("layout", ["no-home", "distribution", "not-on-path", "no-init"])
+def test_any_other_layout_is_left_alone(tmp_path: Path, layout: str) -> None:
+    home, zips = _pip_layout(tmp_path)
+    path = [*zips, str(home.parent)]
+    spark_home: str | None = str(home)
+    if layout == "no-home":
+        spark_home = None
+    elif layout == "distribution":  # a Spark distribution: its zips may differ from pyspark's
+        dist = tmp_path / "spark-4.0.0-bin-hadoop3"
+        (dist / "python" / "lib").mkdir(parents=True)
+        path = [str(dist / "python" / "lib" / "pyspark.zip"), str(home.parent)]
+        spark_home = str(dist)
+    elif layout == "not-on-path":
+        path = list(zips)
+    else:
+        (home / "__init__.py").unlink()
+    assert installed_pyspark_zips(path, spark_home) == []
+
+
+def test_prefer_installed_pyspark_moves_the_zips_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home, zips = _pip_layout(tmp_path)
+    monkeypatch.setenv("SPARK_HOME", str(home))
+    monkeypatch.setattr(sys, "path", ["", *zips, "/x", str(home.parent)])
+    assert prefer_installed_pyspark() == zips
+    assert sys.path == ["", "/x", str(home.parent), *zips]
+
+
+def test_preload_names_what_failed() -> None:
+    assert preload(("json", "delayindex_no_such_module")) == ["delayindex_no_such_module"]
+    assert "delayindex.spark.job" in PRELOADED_MODULES
+
+
+@pytest.mark.spark
+def test_local_workers_fork_from_the_delayindex_daemon(spark: Any) -> None:
+    import pyspark
+
+    assert spark.sparkContext.getConf().get("spark.python.daemon.module") == LOCAL_DAEMON_MODULE
+
+    def report(_rows: Any) -> Any:
+        # Pickled by value; runs in a forked worker, before it imports anything itself.
+        import sys as worker_sys
+
+        preloaded = "delayindex.spark.job" in worker_sys.modules
+        import pyspark as worker_pyspark
+
+        yield (worker_pyspark.__file__, preloaded)
+
+    [(worker_file, preloaded)] = (
+        spark.sparkContext.parallelize([0], 1).mapPartitions(report).collect()
+    )
+    assert preloaded
+    # The driver's pyspark is the installed package; so is the workers', not Spark's zip.
+    assert Path(worker_file) == Path(pyspark.__file__)
