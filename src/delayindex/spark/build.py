@@ -1,12 +1,13 @@
 """The Spark rebuild's build step: reserved buckets in, their objects written by the executors.
 
-How it works (step 3 of :mod:`delayindex.spark.job`; ``spark.range(B).mapInArrow``, no
-shuffle): :func:`build_step` returns the :data:`~delayindex.rebuild.BuildStep` the driver hands
-to :meth:`RebuildRun.publish <delayindex.rebuild.RebuildRun.publish>`. Its job gives each task
-whole buckets; a task gathers each bucket's rows from every scratch file the scan wrote (binary
-search on the sorted ledger column of a memory-mapped file), checks their number against the
-plan's count, builds the snapshot with :func:`~delayindex.rebuild.build_bucket` and writes it
-under its reserved key with ``FileStorage(store).create`` (:func:`_write_reserved`).
+How it works (step 3 of :mod:`delayindex.spark.job`; an RDD job over the bucket numbers,
+:func:`~delayindex.spark.tasks.range_tasks`, no shuffle): :func:`build_step` returns the
+:data:`~delayindex.rebuild.BuildStep` the driver hands to :meth:`RebuildRun.publish
+<delayindex.rebuild.RebuildRun.publish>`. Its job gives each task whole buckets; a task
+gathers each bucket's rows from every scratch file the scan wrote (binary search on the sorted
+ledger column of a memory-mapped file), checks their number against the plan's count, builds
+the snapshot with :func:`~delayindex.rebuild.build_bucket` and writes it under its reserved key
+with ``FileStorage(store).create`` (:func:`_write_reserved`).
 
 Invariants: an executor writes only under a key that is still reserved, and checks again after
 writing (deleting its object otherwise), so a straggling task that outlives a rollback cannot
@@ -30,6 +31,7 @@ from delayindex.snapshot.codec import encode_snapshot
 from delayindex.snapshot.format import PreparedSegments, SnapshotMetadata
 from delayindex.spark.arrowbuf import Int64Array, arrow, int64_array, string_array
 from delayindex.spark.scan import Phase
+from delayindex.spark.tasks import range_tasks
 from delayindex.storage.file import FileStorage
 from delayindex.storage.manifest import BucketRecord
 
@@ -166,15 +168,14 @@ def _build(spark: Any, params: _BuildParams, phase: Phase) -> list[BucketRecord]
     tasks = max(1, min(len(buckets), 2 * spark.sparkContext.defaultParallelism))
     build = functools.partial(_build_partition, params)
     with phase("build"):
-        rows = spark.range(0, len(buckets), 1, tasks).mapInArrow(build, _BUILD_SCHEMA)
-        collected = rows.collect()
-    aborted = [r.key for r in collected if r.status != "ok"]
+        collected = range_tasks(spark, len(buckets), tasks, build, _BUILD_SCHEMA).to_pylist()
+    aborted = [r["key"] for r in collected if r["status"] != "ok"]
     if aborted:
         raise RuntimeError(f"reservations vanished while writing {aborted[:5]}")
     records = sorted(
         (
-            BucketRecord(r.start_ledger, r.end_ledger, r.key, r.num_messages, r.num_segments,
-                         r.snapshot_bytes)
+            BucketRecord(r["start_ledger"], r["end_ledger"], r["key"], r["num_messages"],
+                         r["num_segments"], r["snapshot_bytes"])
             for r in collected
         ),
         key=lambda b: b.start_ledger,

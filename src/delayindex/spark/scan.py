@@ -9,9 +9,10 @@ give each task whole ledgers, the first that applies:
    Parquet dump with integer columns whose row groups' ``ledger_id`` statistics do not overlap
    (a topic dump written in topic order). The driver reads only the files' footers and cuts the
    ledger ids into P ranges of about equal rows (interpolating within row groups); a task
-   (``spark.range(P).mapInArrow``) reads with pyarrow the row groups that overlap its range and
-   keeps the rows in it (task 0 also those with a null ledger id). A row group cut by a range
-   boundary is read by both tasks; nothing is shuffled, and the JVM only schedules.
+   (an RDD job over the range numbers, :func:`~delayindex.spark.tasks.range_tasks`) reads with
+   pyarrow the row groups that overlap its range and keeps the rows in it (task 0 also those
+   with a null ledger id). A row group cut by a range boundary is read by both tasks; nothing
+   is shuffled, and the JVM only schedules (no Spark SQL job at all).
 2. **Read by Spark, then shuffled** (``repartition(P, "ledger_id")``): other Parquet dumps with
    integer columns (vectorized, splittable; the locator from ``_metadata.row_index``), e.g.
    shuffled rows or a dump Spark reads from ``hdfs://`` or ``s3a://``.
@@ -72,6 +73,7 @@ from delayindex.spark.slices import (
     read_slice,
     row_groups,
 )
+from delayindex.spark.tasks import range_tasks
 
 #: Runs one phase's Spark jobs (``Watcher.phase``: job group and progress reports).
 Phase = Callable[[str], AbstractContextManager[None]]
@@ -471,21 +473,27 @@ def _scan(
 ) -> _Scan:
     """Run the scan job (under ``phase("scan")``) and merge what its tasks report."""
     groups = _sorted_groups(source)
-    if groups is not None:  # way 1: ledger ranges, no shuffle
+    if groups is not None:  # way 1: ledger ranges, no shuffle, no Spark SQL
         slices = plan_slices(groups, partitions)
         scan = functools.partial(_scan_slices, params, source.files, slices)
-        frame, labels = spark.range(0, partitions, 1, partitions), source.labels
+        with phase("scan"):
+            table = range_tasks(spark, partitions, partitions, scan, _SCAN_SCHEMA)
+        return _merged(table, params, source.labels, partitions)
+    columnar = _columnar_frame(spark, source)
+    if columnar is None:
+        frame, labels = _file_frame(spark, source, partitions), source.labels
+        params = _ScanParams(params.now_ms, params.config, params.mark, params.scratch, True)
     else:
-        columnar = _columnar_frame(spark, source)
-        if columnar is None:
-            frame, labels = _file_frame(spark, source, partitions), source.labels
-            params = _ScanParams(params.now_ms, params.config, params.mark, params.scratch, True)
-        else:
-            frame, labels = columnar
-        frame = frame.repartition(partitions, "ledger_id")
-        scan = functools.partial(_scan_partition, params)
+        frame, labels = columnar
+    frame = frame.repartition(partitions, "ledger_id")
+    scan = functools.partial(_scan_partition, params)
     with phase("scan"):
         table = frame.mapInArrow(scan, _SCAN_SCHEMA).toArrow()
+    return _merged(table, params, labels, partitions)
+
+
+def _merged(table: Any, params: _ScanParams, labels: Sequence[str], partitions: int) -> _Scan:
+    """What the scan's tasks reported (a table of ``_SCAN_SCHEMA``), merged."""
     pc = importlib.import_module("pyarrow.compute")
     texts = table.column("text")  # null on the per-ledger rows, the JSON on the summaries
     ledger_rows = table.filter(pc.is_null(texts))

@@ -30,10 +30,10 @@ ignored (its file name carries a hash of both; the JVM's CDS log lines are off).
 :func:`check_workers` runs once per Spark application, before a job's first stage: a job with one
 task per core whose Python workers import delayindex. A session made elsewhere (``getOrCreate``
 in user code, spark-submit) may start workers with a Python lacking delayindex; without the check
-they fail deep inside the first real stage with a bare ``ModuleNotFoundError``. The check is a
-``mapInArrow`` job, as the rebuild's are: it starts every core's worker at once, and the
-rebuild's stages reuse them (a new worker costs about a second of CPU even when it forks from
-the daemon above; pyspark's own daemon made it 2-4 s).
+they fail deep inside the first real stage with a bare ``ModuleNotFoundError``. The check is an
+RDD job, as the rebuild's scan and build are (:mod:`delayindex.spark.tasks`): it starts every
+core's worker at once, and the rebuild's stages reuse them (a new worker costs about a second
+of CPU even when it forks from the daemon above; pyspark's own daemon made it 2-4 s).
 
 Invariants: nothing here imports pyspark at module import time (``import delayindex.spark`` works
 without the ``spark`` extra; using it raises :class:`SparkUnavailableError` naming the extra).
@@ -200,18 +200,18 @@ def require_spark() -> None:
 def check_workers(spark: Any) -> str | None:
     """Check once per Spark application that its Python workers can import delayindex.
 
-    Runs a ``mapInArrow`` job with one task per core (``defaultParallelism``) whose tasks
-    import delayindex and report its version and path (returned, from the first task, e.g.
+    Runs a job with one task per core (``defaultParallelism``) whose tasks import delayindex
+    and pyarrow and report delayindex's version and path (returned, from the first task, e.g.
     ``"0.1.0 /site-packages/delayindex/__init__.py"``); later calls for the same application
     return None at once. Sessions without a SparkContext (Spark Connect) are not checked
-    (None). The job is the kind the rebuild runs, so every core's Python worker starts now, at
-    once, and the rebuild's stages reuse them (pyspark keeps one pool of workers per kind of
-    job: an RDD job's workers would serve no ``mapInArrow`` task). If that job fails (no
-    pyarrow on the workers, say), a plain RDD job asks again and names what is missing.
+    (None). The job is an RDD job over a range, the kind the rebuild's scan (on a dump in topic
+    order) and build run (:mod:`delayindex.spark.tasks`), so every core's Python worker starts
+    now, at once, and those stages reuse them (pyspark keeps one pool of workers per kind of
+    job).
 
     Raises:
-        SparkUnavailableError: the workers cannot import delayindex, or cannot run a Python
-            task at all; the message says how to fix it.
+        SparkUnavailableError: the workers cannot import delayindex or pyarrow, or cannot run a
+            Python task at all; the message says how to fix it.
     """
     try:
         sc = spark.sparkContext
@@ -224,42 +224,28 @@ def check_workers(spark: Any) -> str | None:
 
     def probe(_rows: Iterable[Any]) -> Iterator[str]:
         # Pickled by value (a local function): the worker needs no delayindex to load it.
+        import importlib as worker_importlib
         import sys as worker_sys
 
         try:
             import delayindex
+
+            worker_importlib.import_module("pyarrow")
         except ImportError as exc:
             yield f"!{worker_sys.executable}: {type(exc).__name__}: {exc}"
             return
         yield f"{delayindex.__version__} {delayindex.__file__}"
 
-    def arrow_probe(batches: Iterator[Any]) -> Iterator[Any]:
-        import importlib as worker_importlib
-        import sys as worker_sys
-
-        worker_pa = worker_importlib.import_module("pyarrow")
-        for _ in batches:
-            pass
-        answer = "".join(probe(())).encode()
-        # From buffers: pa.array would import pandas (seconds of CPU) in a worker.
-        offsets = worker_pa.py_buffer(bytes(4) + len(answer).to_bytes(4, worker_sys.byteorder))
-        array = worker_pa.Array.from_buffers(
-            worker_pa.string(), 1, [None, offsets, worker_pa.py_buffer(answer)]
-        )
-        yield worker_pa.RecordBatch.from_arrays([array], names=["answer"])
-
     fix = _WORKER_FIX.format(python=sys.executable)
     tasks = max(1, int(sc.defaultParallelism))
     try:
-        rows = spark.range(0, tasks, 1, tasks).mapInArrow(arrow_probe, "answer string").collect()
-        answers = [str(row.answer) for row in rows]
-    except Exception:  # the plain job below says why, or passes as it always did
-        try:
-            answers = [str(a) for a in sc.parallelize([0], 1).mapPartitions(probe).collect()]
-        except Exception as exc:
-            missing = "ModuleNotFoundError" in str(exc) or "No module named" in str(exc)
-            what = "cannot import a module they need" if missing else "cannot run a Python task"
-            raise SparkUnavailableError(f"Spark's Python workers {what}: {fix}") from exc
+        answers = [
+            str(a) for a in sc.parallelize(range(tasks), tasks).mapPartitions(probe).collect()
+        ]
+    except Exception as exc:
+        missing = "ModuleNotFoundError" in str(exc) or "No module named" in str(exc)
+        what = "cannot import a module they need" if missing else "cannot run a Python task"
+        raise SparkUnavailableError(f"Spark's Python workers {what}: {fix}") from exc
     failed = [a for a in answers if a.startswith("!")]
     if failed or not answers:
         worker = failed[0][1:] if failed else "no answer from the workers"
