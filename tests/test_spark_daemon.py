@@ -8,6 +8,7 @@ The layout rule is tested on made-up directories; the daemon itself through the 
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from delayindex.spark._daemon import (
     prefer_installed_pyspark,
     preload,
 )
-from delayindex.spark.session import LOCAL_DAEMON_MODULE
+from delayindex.spark.session import LOCAL_DAEMON_MODULE, stop_session
 
 
 def _pip_layout(root: Path) -> tuple[Path, list[str]]:
@@ -95,3 +96,46 @@ def test_local_workers_fork_from_the_delayindex_daemon(spark: Any) -> None:
     assert preloaded
     # The driver's pyspark is the installed package; so is the workers', not Spark's zip.
     assert Path(worker_file) == Path(pyspark.__file__)
+
+
+# -- stopping a session without waiting for the accumulator server's poll -----------------------
+
+
+class _Server:
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+
+    def shutdown(self) -> None:
+        self.stopped.set()
+
+
+class _Context:
+    def __init__(self, server: Any) -> None:
+        self._accumulatorServer = server
+
+
+class _Session:
+    def __init__(self, server: Any) -> None:
+        self.sparkContext = _Context(server)
+        self.server_at_stop: Any = "not stopped"
+
+    def stop(self) -> None:
+        self.server_at_stop = self.sparkContext._accumulatorServer
+
+
+def test_stop_session_leaves_the_accumulator_server_to_a_thread() -> None:
+    server = _Server()
+    session = _Session(server)
+    stop_session(session)
+    assert session.server_at_stop is None  # pyspark's stop() no longer waits for it
+    assert server.stopped.wait(10)  # but it is stopped all the same
+
+
+def test_stop_session_of_a_pyspark_without_that_server_just_stops() -> None:
+    session = _Session(None)
+    stop_session(session)
+    assert session.server_at_stop is None
+    session = _Session(object())  # no shutdown(): left to stop() as it is
+    server = session.sparkContext._accumulatorServer
+    stop_session(session)
+    assert session.server_at_stop is server

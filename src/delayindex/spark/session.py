@@ -355,9 +355,32 @@ def session_for(master: str = "local[*]", **options: Any) -> Iterator[SparkSessi
         yield session
     finally:
         if running is None:
-            session.stop()
+            stop_session(session)
             if _ARCHIVE_PENDING:
                 stop_jvm()  # the archive is complete only once the JVM has exited
+
+
+def stop_session(session: Any) -> None:
+    """``session.stop()``, without waiting for pyspark's accumulator server to notice.
+
+    That server's handler polls its connection once a second for updates and for the stop
+    flag, and pyspark's stop waits for it: 0.8 s of a 10 M-row rebuild's 13 s, doing nothing.
+    Here the server is stopped on a daemon thread instead (it has nothing left to receive once
+    the JVM's context is stopped). Sessions of a pyspark without that attribute stop as usual.
+    """
+    context: Any = getattr(session, "sparkContext", None)
+    server = getattr(context, "_accumulatorServer", None)
+    if server is not None and callable(getattr(server, "shutdown", None)):
+        context._accumulatorServer = None  # so that stop() skips it
+    else:
+        server = None
+    try:
+        session.stop()
+    finally:
+        if server is not None:
+            threading.Thread(
+                target=server.shutdown, name="delayindex-accumulator-stop", daemon=True
+            ).start()
 
 
 def default_class_archive() -> Path | None:
