@@ -7,7 +7,10 @@ The layout rule is tested on made-up directories; the daemon itself through the 
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import textwrap
 import threading
 from pathlib import Path
 from typing import Any
@@ -139,3 +142,52 @@ def test_stop_session_of_a_pyspark_without_that_server_just_stops() -> None:
     server = session.sparkContext._accumulatorServer
     stop_session(session)
     assert session.server_at_stop is server
+
+
+# -- a lazy session: Spark SQL only when something needs it -------------------------------------
+
+_LAZY_SESSION = textwrap.dedent(
+    """
+    import sys
+    from delayindex.dump import generate_dump, write_dump
+    from delayindex.spark import rebuild
+    from delayindex.spark.session import LazySparkSession, local_session, session_for
+
+    dump, store = sys.argv[1:3]
+    columns = generate_dump(2000, entries_per_ledger=100)
+    write_dump(dump, columns)  # in topic order: the scan needs no Spark SQL
+    now = int(columns.publish_time.min())
+    with session_for("local[1]", lazy=True, log_level="OFF") as spark:
+        print("LAZY", isinstance(spark, LazySparkSession), spark.sql_started, flush=True)
+        report = rebuild(spark, dump, store, "topic", now_ms=now)
+        print("REBUILT", report.tracked > 0, spark.sql_started, flush=True)
+        with session_for("local[1]") as same:  # a running context: adopted, not stopped
+            print("ADOPTED", same.sparkContext is spark.sparkContext, flush=True)
+        print("SQL", spark.range(3).count(), spark.sql_started, flush=True)
+    from pyspark import SparkContext
+    print("STOPPED", SparkContext._active_spark_context is None, flush=True)
+    """
+)
+
+
+@pytest.mark.spark
+def test_a_lazy_session_starts_spark_sql_only_when_used(spark: Any, tmp_path: Path) -> None:
+    # ``spark`` only for its skip rules: the lazy session needs a JVM of its own.
+    done = subprocess.run(
+        [sys.executable, "-c", _LAZY_SESSION, str(tmp_path / "d.parquet"), str(tmp_path / "s")],
+        cwd=tmp_path,
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.split(" ")[0].isupper()]
+    assert lines == [
+        "LAZY True False",
+        "REBUILT True False",  # the whole rebuild ran as RDD jobs
+        "ADOPTED True",
+        "SQL 3 True",
+        "STOPPED True",
+    ], done.stdout + done.stderr[-3000:]

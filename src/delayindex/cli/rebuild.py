@@ -156,6 +156,7 @@ def _spark_session(args: argparse.Namespace, dump_bytes: int) -> Iterator[Any]:
         quick_start=quick,
         class_archive=default_class_archive(),
         app_name=f"delayindex {args.command}",
+        lazy=True,  # Spark SQL only if the scan needs it (not for a dump in topic order)
     ) as session:
         yield session
 

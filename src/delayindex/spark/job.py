@@ -83,7 +83,7 @@ from delayindex.spark.build import _write_reserved as _write_reserved  # tests i
 from delayindex.spark.build import build_step
 from delayindex.spark.scan import _Dump, _resolve_dump, _scan, _ScanParams
 from delayindex.spark.scan import _locate_examples as _locate_examples  # tests import it here
-from delayindex.spark.session import ARROW_BATCH_ROWS, check_workers
+from delayindex.spark.session import check_workers
 from delayindex.spark.slices import LOC_SHIFT
 from delayindex.storage.catalog import CrashHook
 from delayindex.storage.file import FileStorage
@@ -102,7 +102,6 @@ Progress = Callable[[str, int, int], None]
 #: Input bytes per scan partition by format: one to two million rows per task, which keeps a
 #: Python worker's arrays at a few hundred MB.
 _PARTITION_BYTES = {"parquet": 8 << 20, "jsonl": 64 << 20, "csv": 40 << 20}
-_ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 _POLL_SECONDS = 0.5
 
 
@@ -226,20 +225,6 @@ def _partitions(spark: Any, source: _Dump, partitions: int | None) -> int:
     return -(-wanted // cores) * cores  # whole waves: no core idles through a last lone task
 
 
-@contextlib.contextmanager
-def _arrow_batches(spark: Any) -> Iterator[None]:
-    """Hand Python 100 000-row Arrow batches (10x fewer round trips) for the job's duration."""
-    before = spark.conf.get(_ARROW_BATCH_CONF, None)
-    spark.conf.set(_ARROW_BATCH_CONF, str(ARROW_BATCH_ROWS))
-    try:
-        yield
-    finally:
-        if before is None:
-            spark.conf.unset(_ARROW_BATCH_CONF)
-        else:
-            spark.conf.set(_ARROW_BATCH_CONF, before)
-
-
 def _scratch_root(store: Path, name: str) -> Path:
     return store / "tmp" / "rebuild" / name
 
@@ -322,23 +307,22 @@ def rebuild_dump(
     watch = _Watcher(spark, progress)
     try:
         work.mkdir(parents=True)
-        with _arrow_batches(spark):
-            mark_phase = time.perf_counter()
-            params = _ScanParams(now, config, mark, str(work), False)
-            scanned = _scan(spark, source, params, n_parts, watch.phase)
-            phases["scan"] = time.perf_counter() - mark_phase
-            if strict and not scanned.rejects.ok:
-                raise DumpError(f"{source.path}: {scanned.rejects.first_problem()}",
-                                scanned.rejects)  # fmt: skip
-            run.hook("rebuild.scanned")
-            mark_phase = time.perf_counter()
-            plan = rebuild.plan_for(scanned.ledgers, scanned.counts, config)
-            planning = time.perf_counter() - mark_phase
-            files = [path for path, _ in scanned.scratch]
-            build = build_step(spark, str(root), config, files, watch.phase)
-            steps = run.publish(plan, ack, build).seconds
-            phases.update(plan=planning + steps["reserve"], build=steps["build"],
-                          publish=steps["publish"])  # fmt: skip
+        mark_phase = time.perf_counter()
+        params = _ScanParams(now, config, mark, str(work), False)
+        scanned = _scan(spark, source, params, n_parts, watch.phase)
+        phases["scan"] = time.perf_counter() - mark_phase
+        if strict and not scanned.rejects.ok:
+            raise DumpError(f"{source.path}: {scanned.rejects.first_problem()}",
+                            scanned.rejects)  # fmt: skip
+        run.hook("rebuild.scanned")
+        mark_phase = time.perf_counter()
+        plan = rebuild.plan_for(scanned.ledgers, scanned.counts, config)
+        planning = time.perf_counter() - mark_phase
+        files = [path for path, _ in scanned.scratch]
+        build = build_step(spark, str(root), config, files, watch.phase)
+        steps = run.publish(plan, ack, build).seconds
+        phases.update(plan=planning + steps["reserve"], build=steps["build"],
+                      publish=steps["publish"])  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
         run.close()
@@ -428,9 +412,8 @@ def verify_dump(
             work = Path(os.path.abspath(os.fspath(scratch))) / uuid.uuid4().hex[:12]
             work.mkdir(parents=True)
         try:
-            with _arrow_batches(spark):
-                params = _ScanParams(now, config, mark, str(work), False)
-                scanned = _scan(spark, source, params, n_parts, _Watcher(spark, progress).phase)
+            params = _ScanParams(now, config, mark, str(work), False)
+            scanned = _scan(spark, source, params, n_parts, _Watcher(spark, progress).phase)
             rejects = scanned.rejects
             if strict and not rejects.ok:
                 raise DumpError(f"{source.path}: {rejects.first_problem()}", rejects)

@@ -38,6 +38,7 @@ task; the dump itself is never written.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
@@ -65,6 +66,7 @@ from delayindex.spark.arrowbuf import (
     int64s_or,
     string_array,
 )
+from delayindex.spark.session import ARROW_BATCH_ROWS
 from delayindex.spark.slices import (
     LOC_SHIFT,
     RowGroup,
@@ -78,6 +80,7 @@ from delayindex.spark.tasks import range_tasks
 #: Runs one phase's Spark jobs (``Watcher.phase``: job group and progress reports).
 Phase = Callable[[str], AbstractContextManager[None]]
 _LOC_MASK = (1 << LOC_SHIFT) - 1
+_ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 _SCAN_SCHEMA = "kind string, a long, b long, text string"
 _ROWS_SCHEMA = "ledger_id long, entry_id long, deliver_at long, loc long, report string"
 _ROW_REF = re.compile(r"\brow (\d+)")
@@ -479,17 +482,33 @@ def _scan(
         with phase("scan"):
             table = range_tasks(spark, partitions, partitions, scan, _SCAN_SCHEMA)
         return _merged(table, params, source.labels, partitions)
-    columnar = _columnar_frame(spark, source)
-    if columnar is None:
-        frame, labels = _file_frame(spark, source, partitions), source.labels
-        params = _ScanParams(params.now_ms, params.config, params.mark, params.scratch, True)
-    else:
-        frame, labels = columnar
-    frame = frame.repartition(partitions, "ledger_id")
-    scan = functools.partial(_scan_partition, params)
-    with phase("scan"):
-        table = frame.mapInArrow(scan, _SCAN_SCHEMA).toArrow()
+    with _arrow_batches(spark):
+        columnar = _columnar_frame(spark, source)
+        if columnar is None:
+            frame, labels = _file_frame(spark, source, partitions), source.labels
+            params = _ScanParams(params.now_ms, params.config, params.mark, params.scratch, True)
+        else:
+            frame, labels = columnar
+        frame = frame.repartition(partitions, "ledger_id")
+        scan = functools.partial(_scan_partition, params)
+        with phase("scan"):
+            table = frame.mapInArrow(scan, _SCAN_SCHEMA).toArrow()
     return _merged(table, params, labels, partitions)
+
+
+@contextlib.contextmanager
+def _arrow_batches(spark: Any) -> Iterator[None]:
+    """Hand Python 100 000-row Arrow batches (10x fewer round trips) while a Spark SQL scan
+    runs (the RDD jobs take no rows from the JVM)."""
+    before = spark.conf.get(_ARROW_BATCH_CONF, None)
+    spark.conf.set(_ARROW_BATCH_CONF, str(ARROW_BATCH_ROWS))
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(_ARROW_BATCH_CONF)
+        else:
+            spark.conf.set(_ARROW_BATCH_CONF, before)
 
 
 def _merged(table: Any, params: _ScanParams, labels: Sequence[str], partitions: int) -> _Scan:

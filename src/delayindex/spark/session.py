@@ -266,7 +266,8 @@ def local_session(
     log_level: str = "ERROR",
     quick_start: bool = True,
     class_archive: str | os.PathLike[str] | None = None,
-) -> SparkSession:
+    lazy: bool = False,
+) -> Any:
     """Start (or return the running) SparkSession with the settings in the module docs.
 
     Args:
@@ -282,6 +283,9 @@ def local_session(
         class_archive: a class data sharing archive file (module docs): used if it exists,
             else written by this session's JVM when it exits (:func:`stop_jvm`, or the
             process's exit). None: no archive. Only a session that starts the JVM uses it.
+        lazy: start only the SparkContext and return a :class:`LazySparkSession`, whose
+            Spark SQL half starts when something first needs it (about 1.4 s of the JVM's
+            time that RDD-only work, such as rebuilding a dump in topic order, never spends).
 
     Raises:
         SparkUnavailableError: pyspark/pyarrow/pandas missing, or no Java 17-25 found.
@@ -313,43 +317,98 @@ def local_session(
     )
     if class_archive is not None and starts_jvm:
         jvm_options += _archive_options(Path(class_archive))
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.driver.memory", driver_memory)
-        .config("spark.driver.extraJavaOptions", jvm_options)
-        .config("spark.executor.extraJavaOptions", jvm_options)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS))
-        .config("spark.local.dir", os.path.join(scratch, "local"))
-        .config("spark.sql.warehouse.dir", os.path.join(scratch, "warehouse"))
-        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-    )
+    settings = {
+        "spark.driver.memory": driver_memory,
+        "spark.driver.extraJavaOptions": jvm_options,
+        "spark.executor.extraJavaOptions": jvm_options,
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": str(ARROW_BATCH_ROWS),
+        "spark.local.dir": os.path.join(scratch, "local"),
+        "spark.sql.warehouse.dir": os.path.join(scratch, "warehouse"),
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+    }
     if master.startswith("local"):
         # Loopback only: the host name may not resolve (a WARN at start, DNS surprises in CI);
         # a cluster's executors must reach the driver, so leave binding alone there.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
-            "spark.driver.host", "127.0.0.1"
-        )
+        settings["spark.driver.bindAddress"] = "127.0.0.1"
+        settings["spark.driver.host"] = "127.0.0.1"
         # The workers run this interpreter: a daemon that imports once for all of them.
-        builder = builder.config("spark.python.daemon.module", LOCAL_DAEMON_MODULE)
+        settings["spark.python.daemon.module"] = LOCAL_DAEMON_MODULE
+    if lazy:
+        from pyspark import SparkConf
+
+        conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
+        context = SparkContext.getOrCreate(conf)
+        context.setLogLevel(log_level)
+        return LazySparkSession(context)
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(log_level)
     return session
 
 
+class LazySparkSession:
+    """A SparkSession whose Spark SQL half starts when something first needs it.
+
+    ``sparkContext`` is there at once (RDD jobs need nothing else); any other attribute
+    (``read``, ``range``, ``conf``, ...) first makes the SparkSession of that context, which
+    takes about 1.4 s of the JVM's time on a fresh JVM, and is then that session's. The
+    ``spark.sql.*`` settings given to the context apply to it. :meth:`stop` stops the session
+    if it was made, else the context.
+    """
+
+    def __init__(self, context: Any) -> None:
+        self.sparkContext = context
+        self._session: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def sql_started(self) -> bool:
+        """Whether the SparkSession has been made."""
+        return self._session is not None
+
+    def session(self) -> SparkSession:
+        """The SparkSession of this context (made on the first call)."""
+        with self._lock:
+            if self._session is None:
+                from pyspark.sql import SparkSession
+
+                self._session = SparkSession(self.sparkContext)
+            return self._session  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        """Stop the session if it was made, else the context."""
+        if self._session is not None:
+            self._session.stop()
+        else:
+            self.sparkContext.stop()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_session", "_lock", "sparkContext"):
+            raise AttributeError(name)
+        return getattr(self.session(), name)
+
+
 @contextlib.contextmanager
-def session_for(master: str = "local[*]", **options: Any) -> Iterator[SparkSession]:
-    """The running SparkSession if there is one (left running), else a new
-    :func:`local_session` on ``master`` with ``options``, stopped on exit: one place decides
-    who owns a session, so a command never stops one that someone else started."""
+def session_for(master: str = "local[*]", **options: Any) -> Iterator[Any]:
+    """The running SparkSession if there is one (left running; a running SparkContext
+    without one comes as a :class:`LazySparkSession`), else a new :func:`local_session` on
+    ``master`` with ``options`` (``lazy=True`` among them: a :class:`LazySparkSession`),
+    stopped on exit: one place decides who owns a session, so a command never stops one that
+    someone else started."""
     require_spark()  # a clear error naming the spark extra, before pyspark is imported
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    running = SparkSession.getActiveSession()
+    running: Any = SparkSession.getActiveSession()
+    context = getattr(SparkContext, "_active_spark_context", None)
+    if running is None and context is not None:
+        running = LazySparkSession(context)  # someone else's context: used, not stopped
     session = running or local_session(master, **options)
     try:
         yield session
