@@ -7,6 +7,7 @@ The layout rule is tested on made-up directories; the daemon itself through the 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -191,3 +192,71 @@ def test_a_lazy_session_starts_spark_sql_only_when_used(spark: Any, tmp_path: Pa
         "SQL 3 True",
         "STOPPED True",
     ], done.stdout + done.stderr[-3000:]
+
+
+# -- the command's exit after Spark: atexit handlers run, the teardown is skipped -------------
+
+_EXIT_NOW = textwrap.dedent(
+    """
+    import atexit, sys, threading, time
+    from pathlib import Path
+    from delayindex.cli import exit_now
+
+    out = Path(sys.argv[1])
+    atexit.register(lambda: (out / "atexit").write_text("ran"))
+    if sys.argv[2] == "thread":
+        def late():
+            time.sleep(0.3)
+            (out / "thread").write_text("done")
+        threading.Thread(target=late).start()
+    print("printed", end="")  # no newline: still buffered when exit_now is called
+    exit_now(7)
+    """
+)
+
+
+@pytest.mark.parametrize("thread", ["none", "thread"])
+def test_exit_now_runs_the_atexit_handlers_and_waits_for_threads(
+    tmp_path: Path, thread: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_NOW, str(tmp_path), thread],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 7, done.stderr
+    assert done.stdout == "printed"
+    assert (tmp_path / "atexit").read_text() == "ran"
+    if thread == "thread":  # a non-daemon thread: the usual exit, which waits for it
+        assert (tmp_path / "thread").read_text() == "done"
+
+
+@pytest.mark.spark
+def test_the_rebuild_command_exits_cleanly(spark: Any, tmp_path: Path) -> None:
+    # ``spark`` only for its skip rules: the command is its own process with its own JVM.
+    from delayindex.dump import generate_dump, write_dump
+
+    columns = generate_dump(500, entries_per_ledger=50)
+    write_dump(tmp_path / "d.parquet", columns)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    args = [
+        sys.executable, "-m", "delayindex", "rebuild", str(tmp_path / "d.parquet"),
+        "--store", str(tmp_path / "store"), "--name", "topic", "--master", "local[1]",
+        "--now-ms", str(int(columns.publish_time.min())), "--json", "--no-progress",
+    ]  # fmt: skip
+    done = subprocess.run(
+        args,
+        env={**os.environ, "TMPDIR": str(temp), "SPARK_LOCAL_IP": "127.0.0.1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)  # complete: flushed before the exit
+    assert report["exit_code"] == 0 and report["tracked"] > 0
+    # The session's scratch directory is removed by an atexit handler: they ran.
+    assert not list(temp.glob("delayindex-spark-*")), list(temp.iterdir())

@@ -1,7 +1,5 @@
 """``python -m delayindex`` runs the command line."""
 
-import sys
+from delayindex.cli import entry
 
-from delayindex.cli import main
-
-sys.exit(main())
+entry()
