@@ -23,6 +23,7 @@ from delayindex.spark.job import (
 )
 from delayindex.spark.scan import check_dump, scans_without_shuffle
 from delayindex.spark.session import (
+    LazySparkSession,
     SparkUnavailableError,
     check_workers,
     default_class_archive,
@@ -32,6 +33,7 @@ from delayindex.spark.session import (
     require_spark,
     session_for,
     stop_jvm,
+    stop_session,
 )
 
 rebuild = rebuild_dump
@@ -40,6 +42,7 @@ verify = verify_dump
 __all__ = [
     "DumpRebuildReport",
     "DumpVerifyReport",
+    "LazySparkSession",
     "SparkUnavailableError",
     "check_dump",
     "check_workers",
@@ -53,6 +56,7 @@ __all__ = [
     "scans_without_shuffle",
     "session_for",
     "stop_jvm",
+    "stop_session",
     "verify",
     "verify_dump",
 ]
