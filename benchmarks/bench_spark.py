@@ -72,10 +72,9 @@ COMMAND_ROUNDS = 3
 pytestmark = pytest.mark.full_tier
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """A local[2] session with the full JIT (a throughput run, not a quick test start)."""
-    from delayindex.spark import SparkUnavailableError, find_java_home, local_session, require_spark
+def _skip_without_spark() -> None:
+    """Skip the calling benchmark when pyspark, pyarrow or a Java 17+ is missing."""
+    from delayindex.spark import SparkUnavailableError, find_java_home, require_spark
 
     try:
         require_spark()
@@ -83,6 +82,14 @@ def spark() -> Iterator[Any]:
             raise SparkUnavailableError("no Java 17+")
     except SparkUnavailableError as exc:
         pytest.skip(f"Spark unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """A local[2] session with the full JIT (a throughput run, not a quick test start)."""
+    from delayindex.spark import local_session
+
+    _skip_without_spark()
     session = local_session("local[2]", quick_start=False, app_name="delayindex-bench")
     yield session
     session.stop()
@@ -180,14 +187,7 @@ def test_rebuild_command(
     benchmark: Any, dump_cache: Callable[[int], Path], size: int, size_id: str, partitions: int
 ) -> None:
     """``delayindex rebuild`` as an operator runs it: a fresh process and JVM per round."""
-    from delayindex.spark import SparkUnavailableError, find_java_home, require_spark
-
-    try:
-        require_spark()
-        if find_java_home() is None:
-            raise SparkUnavailableError("no Java 17+")
-    except SparkUnavailableError as exc:
-        pytest.skip(f"Spark unavailable: {exc}")
+    _skip_without_spark()
     dump = dump_cache(size)
     env = {**os.environ, "DELAYINDEX_SPARK_CLASS_ARCHIVE": "on"}
     reports: list[dict[str, Any]] = []
