@@ -250,7 +250,7 @@ def check_workers(spark: Any) -> str | None:
     if failed or not answers:
         worker = failed[0][1:] if failed else "no answer from the workers"
         raise SparkUnavailableError(
-            f"Spark's Python workers cannot import delayindex (worker {worker}): {fix}"
+            f"Spark's Python workers cannot import delayindex or pyarrow (worker {worker}): {fix}"
         )
     with _WORKERS_LOCK:
         _WORKERS_OK.add(app)
