@@ -12,7 +12,10 @@ missing Spark set-up fails them instead: CI must run them.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -93,3 +96,35 @@ def spark() -> Iterator[Any]:
     session = local_session("local[2]", shuffle_partitions=2, app_name="delayindex-tests")
     yield session
     session.stop()
+
+
+def run_spark_process(
+    args: Sequence[str],
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run ``python *args`` in ``cwd`` (the environment plus ``env``, the driver bound to the
+    loopback), assert that it exited 0, and return it with its *tagged* lines: the stdout lines
+    whose first word is upper case (the script's reports, not the JVM's log)."""
+    done = subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    tagged = [line for line in done.stdout.splitlines() if line.split(" ")[0].isupper()]
+    return done, tagged
+
+
+@pytest.fixture(name="run_spark_process")
+def _run_spark_process_fixture() -> Callable[
+    ..., tuple[subprocess.CompletedProcess[str], list[str]]
+]:
+    """:func:`run_spark_process`, for tests whose Spark session needs a JVM of its own (a
+    process has one SparkContext, and the shared ``spark`` fixture holds it)."""
+    return run_spark_process

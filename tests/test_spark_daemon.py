@@ -8,7 +8,6 @@ The layout rule is tested on made-up directories; the daemon itself through the 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -172,19 +171,13 @@ _LAZY_SESSION = textwrap.dedent(
 
 
 @pytest.mark.spark
-def test_a_lazy_session_starts_spark_sql_only_when_used(spark: Any, tmp_path: Path) -> None:
+def test_a_lazy_session_starts_spark_sql_only_when_used(
+    spark: Any, tmp_path: Path, run_spark_process: Any
+) -> None:
     # ``spark`` only for its skip rules: the lazy session needs a JVM of its own.
-    done = subprocess.run(
-        [sys.executable, "-c", _LAZY_SESSION, str(tmp_path / "d.parquet"), str(tmp_path / "s")],
-        cwd=tmp_path,
-        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    done, lines = run_spark_process(
+        ["-c", _LAZY_SESSION, str(tmp_path / "d.parquet"), str(tmp_path / "s")], tmp_path
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = [line for line in done.stdout.splitlines() if line.split(" ")[0].isupper()]
     assert lines == [
         "LAZY True False",
         "REBUILT True False",  # the whole rebuild ran as RDD jobs
@@ -234,7 +227,9 @@ def test_exit_now_runs_the_atexit_handlers_and_waits_for_threads(
 
 
 @pytest.mark.spark
-def test_the_rebuild_command_exits_cleanly(spark: Any, tmp_path: Path) -> None:
+def test_the_rebuild_command_exits_cleanly(
+    spark: Any, tmp_path: Path, run_spark_process: Any
+) -> None:
     # ``spark`` only for its skip rules: the command is its own process with its own JVM.
     from delayindex.dump import generate_dump, write_dump
 
@@ -243,19 +238,11 @@ def test_the_rebuild_command_exits_cleanly(spark: Any, tmp_path: Path) -> None:
     temp = tmp_path / "tmp"
     temp.mkdir()
     args = [
-        sys.executable, "-m", "delayindex", "rebuild", str(tmp_path / "d.parquet"),
+        "-m", "delayindex", "rebuild", str(tmp_path / "d.parquet"),
         "--store", str(tmp_path / "store"), "--name", "topic", "--master", "local[1]",
         "--now-ms", str(int(columns.publish_time.min())), "--json", "--no-progress",
     ]  # fmt: skip
-    done = subprocess.run(
-        args,
-        env={**os.environ, "TMPDIR": str(temp), "SPARK_LOCAL_IP": "127.0.0.1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done, _ = run_spark_process(args, tmp_path, env={"TMPDIR": str(temp)})
     report = json.loads(done.stdout)  # complete: flushed before the exit
     assert report["exit_code"] == 0 and report["tracked"] > 0
     # The session's scratch directory is removed by an atexit handler: they ran.

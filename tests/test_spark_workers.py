@@ -11,8 +11,6 @@ itself still comes from the ``PYTHONPATH`` Spark gives its workers).
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -80,24 +78,19 @@ def test_workers_that_can_import_delayindex_pass_once(spark: Any) -> None:
     assert check_workers(spark) is None  # cached: no second job
 
 
-def test_workers_without_delayindex_fail_up_front(spark: Any, tmp_path: Path) -> None:
+def test_workers_without_delayindex_fail_up_front(
+    spark: Any, tmp_path: Path, run_spark_process: Any
+) -> None:
     # ``spark`` only for its skip rules (Java, pyspark); the bad session is another process's.
     worker = tmp_path / "python-without-delayindex"
     worker.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
     worker.chmod(0o755)
     store = tmp_path / "store"
-    env = {**os.environ, "PYSPARK_PYTHON": str(worker), "SPARK_LOCAL_IP": "127.0.0.1"}
-    done = subprocess.run(
-        [sys.executable, "-c", _BAD_SESSION, str(worker), str(tmp_path / "d.parquet"), str(store)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    done, lines = run_spark_process(
+        ["-c", _BAD_SESSION, str(worker), str(tmp_path / "d.parquet"), str(store)],
+        tmp_path,
+        env={"PYSPARK_PYTHON": str(worker)},
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = [line for line in done.stdout.splitlines() if line.split(" ")[0].isupper()]
     assert len(lines) == 3, done.stdout + done.stderr[-3000:]
     assert lines[1] == "STORE False"  # the rebuild was refused before it made the store
     for line, job in zip(lines[::2], ("rebuild_dump", "verify_dump"), strict=True):
@@ -128,19 +121,12 @@ _ARCHIVE_SESSIONS = textwrap.dedent(
 )
 
 
-def test_a_class_archive_is_written_once_then_mapped(spark: Any, tmp_path: Path) -> None:
+def test_a_class_archive_is_written_once_then_mapped(
+    spark: Any, tmp_path: Path, run_spark_process: Any
+) -> None:
     # ``spark`` only for its skip rules; these sessions need their own JVMs, one after another.
     archive = tmp_path / "cache" / "classes.jsa"
-    done = subprocess.run(
-        [sys.executable, "-c", _ARCHIVE_SESSIONS, str(archive)],
-        cwd=tmp_path,
-        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done, _ = run_spark_process(["-c", _ARCHIVE_SESSIONS, str(archive)], tmp_path, timeout=600)
     lines = done.stdout.splitlines()
     assert all(line.split(" ")[0] in ("ROUND", "FILES") for line in lines), lines  # no JVM log
     on_linux = sys.platform.startswith("linux")
