@@ -37,6 +37,7 @@ from delayindex.snapshot.codec import (
 )
 from delayindex.snapshot.format import Segment, SegmentList, SnapshotMetadata
 from delayindex.storage._base_raw import ObjectInfo, ObjectSource, RawStorage, _check_int
+from delayindex.storage._readahead import ReadAhead, ReadResult
 from delayindex.storage.manifest import validate_key
 
 Int64Array = npt.NDArray[np.int64]
@@ -51,6 +52,7 @@ class ObjectsMixin(RawStorage):
     # id -> (fingerprint, header): segment reads skip re-reading and parsing the header
     _headers: OrderedDict[str, tuple[Hashable, ObjectHeader]]
     _cache_size: int
+    _readahead: ReadAhead | None  # None: reads are never ahead of their callers
 
     @staticmethod
     def _read_header(src: ObjectSource) -> ObjectHeader:
@@ -129,9 +131,49 @@ class ObjectsMixin(RawStorage):
         return metadata
 
     def _forget(self, key: str) -> None:
+        if self._readahead is not None:
+            self._readahead.forget(key)
         with self._state_lock:
             self._cache.pop(key, None)
             self._headers.pop(key, None)
+
+    def _segment_entries(
+        self, src: ObjectSource, header: ObjectHeader, first: int, last: int
+    ) -> list[bytes]:
+        """Framed segments ``first..last``: read ahead already, else read now."""
+        if self._readahead is not None:
+            entries = self._readahead.take(src.key, src.fingerprint, first, last)
+            if entries is not None:
+                return entries
+        return self._read_entries(src, header, first, last)
+
+    def _read_ahead(self, key: str, first: int, last: int) -> ReadResult | None:
+        """One background read of segments ``first..last`` (the read-ahead thread's)."""
+        with self._raw_source(key) as src:
+            header = self._header(src)
+            if last > header.num_segments:
+                return None
+            self._metadata(src, header)  # decoding the segments needs it: into the LRU too
+            return src.fingerprint, self._read_entries(src, header, first, last)
+
+    def prefetch_segments(self, snapshot_id: str, first: int, last: int) -> bool:
+        """Hint that segments ``first..last`` of ``snapshot_id`` will be read soon.
+
+        A storage with read-ahead (FileStorage's ``readahead_bytes``) reads their bytes (and
+        the object's metadata, into its cache) on a background thread, so the later
+        :meth:`get_segment_arrays` (or any segment read of that exact range) finds them in
+        memory; the segments' checksums and decoding still run then, so a damaged segment is
+        reported by that read as without the hint. Never blocks, never
+        raises for a storage fault; a bad range is ignored. Returns whether a read was queued.
+        """
+        if self._readahead is None or not 1 <= first <= last:
+            return False
+        return self._readahead.request(snapshot_id, first, last)
+
+    def readahead_stats(self) -> dict[str, int]:
+        """The read-ahead's counters (``delayindex.storage._readahead.READAHEAD_COUNTERS``,
+        ``held_bytes``, ``waiting``); empty when this storage does not read ahead."""
+        return {} if self._readahead is None else self._readahead.stats()
 
     # -- SnapshotStorage ----------------------------------------------------------------------
 
@@ -174,7 +216,7 @@ class ObjectsMixin(RawStorage):
                         continue
                     if metadata is None:
                         metadata = self._metadata(src, header)
-                    read.append((first, self._read_entries(src, header, first, stop)))
+                    read.append((first, self._segment_entries(src, header, first, stop)))
             return [
                 decode_segments(entries, metadata, first, src.where)
                 if entries and metadata is not None

@@ -43,7 +43,12 @@ from delayindex.storage._base_raw import (
     ObjectSource,
     run_with_retries,
 )
+from delayindex.storage._readahead import ReadAhead
 from delayindex.storage.manifest import Manifest, validate_key
+
+#: Segment ranges a read-ahead queues at most (more hints are dropped): a tracker hints one
+#: range per bucket, and a bucket bound of 50 leaves room for several rounds.
+READAHEAD_MAX_PENDING = 256
 
 
 class LockHandle:
@@ -259,14 +264,24 @@ class BaseStorage(ObjectsMixin, ManifestsMixin):
     :class:`~delayindex.storage.memory.MemoryStorage` uses for fault injection.
     """
 
-    def __init__(self, *, metadata_cache_size: int = 128) -> None:
+    def __init__(self, *, metadata_cache_size: int = 128, readahead_bytes: int = 0) -> None:
         if metadata_cache_size < 0:
             raise ValueError("metadata_cache_size must be >= 0")
+        if isinstance(readahead_bytes, bool) or not isinstance(readahead_bytes, int):
+            kind = type(readahead_bytes).__name__
+            raise TypeError(f"readahead_bytes must be an int, not {kind}")
+        if readahead_bytes < 0:
+            raise ValueError(f"readahead_bytes must be >= 0 (0: off), got {readahead_bytes}")
         super().__init__()
         self._cache = OrderedDict()
         self._headers = OrderedDict()
         self._cache_size = metadata_cache_size
         self._held: set[LockHandle] = set()
+        self._readahead = (
+            ReadAhead(self._read_ahead, readahead_bytes, READAHEAD_MAX_PENDING)
+            if readahead_bytes
+            else None
+        )
 
     def lock(self, name: str) -> LockHandle:
         """See :meth:`SnapshotStorage.lock`."""
@@ -294,6 +309,8 @@ class BaseStorage(ObjectsMixin, ManifestsMixin):
             self._cache.clear()
         for handle in held:
             handle.release()
+        if self._readahead is not None:
+            self._readahead.close()
         self._raw_close()
 
     def __enter__(self) -> Self:

@@ -93,6 +93,11 @@ TMP_SUFFIX = ".tmp"
 _NO_HARDLINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
 
 
+#: FileStorage's default read-ahead: a realistic segment batch is about 8 KB on disk, so this
+#: holds the next batch of hundreds of buckets.
+DEFAULT_READAHEAD_BYTES = 4 * 1024 * 1024
+
+
 def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
@@ -128,6 +133,9 @@ class FileStorage(BaseStorage):
     Args:
         path: the root directory (created with its subdirectories if missing).
         metadata_cache_size: decoded metadata kept (LRU); 0 disables the cache.
+        readahead_bytes: segment bytes a background thread may hold after reading them ahead
+            of a tracker's :meth:`prefetch_segments` hints (a DelayIndex hints each bucket's
+            next segments as it loads the current ones); 0 turns read-ahead off.
         clean_tmp: delete the temp files of dead writers now (listed in
             ``removed_temp_files``); False leaves ``tmp/`` alone, for read-only tools.
         step_hook: called with a step name before every durable filesystem step (the table in
@@ -142,10 +150,11 @@ class FileStorage(BaseStorage):
         path: str | os.PathLike[str],
         *,
         metadata_cache_size: int = 128,
+        readahead_bytes: int = DEFAULT_READAHEAD_BYTES,
         clean_tmp: bool = True,
         step_hook: Callable[[str], None] | None = None,
     ) -> None:
-        super().__init__(metadata_cache_size=metadata_cache_size)
+        super().__init__(metadata_cache_size=metadata_cache_size, readahead_bytes=readahead_bytes)
         if step_hook is not None and not callable(step_hook):
             raise TypeError("step_hook must be a callable taking a step name")
         self.step_hook = step_hook

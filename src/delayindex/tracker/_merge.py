@@ -80,6 +80,7 @@ class MergeMixin:
     _request_delete: Callable[[str], None]
     _retire: Callable[[_Bucket], None]
     _trim: Callable[[_Bucket], None]
+    _read_ahead: Callable[[_Bucket, int], None]
 
     def _maybe_merge(self) -> None:
         """Start a merge if there are too many sealed buckets (lock held).
@@ -291,6 +292,8 @@ class MergeMixin:
         self._core.set_source(merged.sid, _EMPTY, _EMPTY, _EMPTY, merged.next_time(0))
         if self._mark is not None and merged.end < self._mark[0]:
             self._trim(merged)  # acknowledged while it was being merged
+        else:
+            self._read_ahead(merged, self._now())
         self._maybe_merge()  # still too many buckets? merges chain until they fit
 
     def _resolve_merge_job(self) -> None:

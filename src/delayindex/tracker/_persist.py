@@ -67,6 +67,7 @@ class PersistMixin:
     _queue: Callable[[Callable[[], None]], None]
     _retire: Callable[[_Bucket], None]
     _trim: Callable[[_Bucket], None]
+    _read_ahead: Callable[[_Bucket, int], None]
     _unpersisted: Callable[[], int]
 
     def _schedule_persist(self) -> None:
@@ -263,4 +264,5 @@ class PersistMixin:
         if self._mark is not None and bucket.end < self._mark[0]:
             self._trim(bucket)
             return
+        self._read_ahead(bucket, self._now())
         self._maybe_merge()

@@ -95,6 +95,7 @@ class RecoveryMixin:
     _new_bucket: Callable[[int, int, int], _Bucket]
     _now: Callable[[], int]
     _quarantined_positions: Callable[[QuarantineRecord], Any]
+    _read_ahead: Callable[[_Bucket, int], None]
     _request_delete: Callable[[str], None]
     _restore_overrides: Callable[[], None]
     _maybe_merge: Callable[[], None]
@@ -190,6 +191,7 @@ class RecoveryMixin:
                 bucket.sid, segment.times, segment.ledgers, segment.entries,
                 bucket.next_time(first),
             )  # fmt: skip
+            self._read_ahead(bucket, now)
         for quarantine, live in damaged:
             self._install_quarantined(quarantine, live)
         for snapshot_id in drop:
