@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gate_records import REFERENCE_KIND
 from memwatch import PeakMemory
-from support import REFERENCE_KIND
 
 #: The machine's memory, which the whole run (the full tier at 1e7 included) must stay within.
 MACHINE_MEMORY_BYTES = 24 * 2**30

@@ -85,7 +85,6 @@ KIND_LABELS: dict[str, str] = {
     "triple_heap-pure": "TripleHeap (pure)",
     "shared": "SharedDelayIndex",
 }
-REFERENCE_KIND = "heapq"
 #: The tracker kinds, in report order.
 TRACKER_KINDS = [
     "delay_index",
