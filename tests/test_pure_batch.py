@@ -19,7 +19,13 @@ from pyroaring import BitMap
 
 from delayindex import _impl
 from delayindex._pure import codec as pure
-from delayindex._pure._batch import pack_segments, read_block, unpack_segments, write_groups
+from delayindex._pure._batch import (
+    bit_lengths,
+    pack_segments,
+    read_block,
+    unpack_segments,
+    write_groups,
+)
 
 U32_MAX = 2**32 - 1
 
@@ -165,7 +171,7 @@ def test_pack_segments_packs_as_pack_times(segments: list[list[int]]) -> None:
     assert got == [
         pure.pack_times(np.array(s, dtype=np.int64), min(s), max(s) - min(s)) for s in segments
     ]
-    back = unpack_segments(got, np.diff(bounds), spans)
+    back = unpack_segments(got, np.diff(bounds), bit_lengths(spans))
     assert back.dtype == np.uint64
     assert (back.astype(np.int64) + np.repeat(mins, np.diff(bounds))).tolist() == times.tolist()
 
@@ -181,5 +187,5 @@ def test_pack_segments_in_chunks() -> None:
     spans = np.array([s.max() - s.min() for s in segments], dtype=np.int64)
     got = pack_segments(times, bounds, mins, spans)
     assert got == [pure.pack_times(s, int(s.min()), int(s.max() - s.min())) for s in segments]
-    back = unpack_segments(got, np.array(sizes, dtype=np.int64), spans)
+    back = unpack_segments(got, np.array(sizes, dtype=np.int64), bit_lengths(spans))
     assert np.array_equal(back.astype(np.int64) + np.repeat(mins, sizes), times)

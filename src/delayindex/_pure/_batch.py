@@ -273,12 +273,11 @@ def _pack_chunk(
 
 
 def unpack_segments(
-    payloads: list[bytes], counts: Int64Array, spans: Int64Array
+    payloads: list[bytes], counts: Int64Array, bits: Int64Array
 ) -> npt.NDArray[np.uint64]:
-    """Each segment's ``counts[s]`` times packed at ``bit_length(spans[s])`` bits (the inverse of
-    :func:`pack_segments`, less the minimum), back to back; the lengths are the caller's to
-    check."""
-    bits = bit_lengths(spans)
+    """Each segment's ``counts[s]`` times packed at ``bits[s]`` bits, ``bit_length`` of its
+    span (the inverse of :func:`pack_segments`, less the minimum), back to back; the lengths
+    are the caller's to check."""
     out: list[npt.NDArray[np.uint64]] = []
     bounds = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=bounds[1:])

@@ -8,6 +8,7 @@ into concatenated arrays sorted by ``(time, ledger, entry)``. Malformed input ra
 from __future__ import annotations
 
 import array
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,19 +52,21 @@ class _Block:
     def __init__(self, raw: bytes, bounds: Int64Array) -> None:
         self.raw = raw
         self.cuts = bounds
-        self._cuts = bounds.tolist()
 
     def __len__(self) -> int:
-        return len(self._cuts) - 1
+        return len(self.cuts) - 1
 
     def __getitem__(self, i: int) -> bytes:
-        start, stop = self._cuts[i], self._cuts[i + 1]
-        if not 0 <= start <= stop <= self._cuts[-1]:
-            raise ValueError("bitmap offsets decrease or leave the block")
-        return self.raw[start:stop]
+        return self._slice(int(self.cuts[i]), int(self.cuts[i + 1]))
 
     def __iter__(self) -> Iterator[bytes]:
-        return (self[i] for i in range(len(self)))
+        cuts = self.cuts.tolist()  # Python ints: one conversion for the whole walk
+        return (self._slice(a, b) for a, b in itertools.pairwise(cuts))
+
+    def _slice(self, start: int, stop: int) -> bytes:
+        if not 0 <= start <= stop <= len(self.raw):
+            raise ValueError("bitmap offsets decrease or leave the block")
+        return self.raw[start:stop]
 
 
 def block_bitmaps(blob: bytes | memoryview, offsets: Any, n: int | None = None) -> _Block:
@@ -178,7 +181,7 @@ def decode_segments(
     if not (len(mins) == len(spans) == len(counts) == n_seg and len(ledger_offsets) == n_seg + 1):
         raise ValueError("per-segment inputs differ in length")
     bitmaps = block_bitmaps(blob, bitmap_offsets, len(ledgers))
-    payloads = _payloads(buffer, entry_lengths, first_index, counts, spans)
+    payloads, bits = _payloads(buffer, entry_lengths, first_index, counts, spans)
     empty = np.empty(0, dtype=np.int64)
     if n_seg == 0:
         return empty, empty.copy(), empty.copy(), np.zeros(1, dtype=np.int64)
@@ -212,7 +215,7 @@ def decode_segments(
         s = int(np.flatnonzero(per_seg != n_per_seg)[0])
         raise ValueError(f"segment {s}: bitmap cardinality does not match the count")
     seg_of = np.repeat(np.arange(n_seg), n_per_seg)
-    keys = _batch_keys(payloads, n_per_seg, np.asarray(spans, dtype=np.int64))
+    keys = _batch_keys(payloads, n_per_seg, np.asarray(spans, dtype=np.int64), bits)
     order = _by_time_within_segments(keys, seg_of, n_seg)
     out_t = keys.astype(np.int64)[order] + np.asarray(mins, dtype=np.int64)[seg_of]
     out_l = np.repeat(batch_ledgers, cards)[order]
@@ -240,10 +243,11 @@ def _by_time_within_segments(
 
 
 def _batch_keys(
-    payloads: list[bytes], counts: Int64Array, spans: Int64Array
+    payloads: list[bytes], counts: Int64Array, spans: Int64Array, bits: Int64Array
 ) -> npt.NDArray[np.uint64]:
-    """Every segment's packed times minus its minimum, checked to fill ``[0, span]`` exactly."""
-    keys = unpack_segments(payloads, counts, spans)
+    """Every segment's packed times minus its minimum (packed at ``bits``, the bit lengths of
+    the spans), checked to fill ``[0, span]`` exactly."""
+    keys = unpack_segments(payloads, counts, bits)
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     highest = np.maximum.reduceat(keys, starts)
     lowest = np.minimum.reduceat(keys, starts)
@@ -273,11 +277,11 @@ def unpack_segment_times(
         raise ValueError("per-segment inputs differ in length")
     if indexes is not None and len(indexes) != len(entry_lengths):
         raise ValueError("one index per entry")
-    payloads = _payloads(buffer, entry_lengths, first_index, counts, spans, indexes)
+    payloads, bits = _payloads(buffer, entry_lengths, first_index, counts, spans, indexes)
     if not payloads:
         return np.empty(0, dtype=np.int64)
     n_per_seg = np.asarray(counts, dtype=np.int64)
-    keys = _batch_keys(payloads, n_per_seg, np.asarray(spans, dtype=np.int64))
+    keys = _batch_keys(payloads, n_per_seg, np.asarray(spans, dtype=np.int64), bits)
     return keys.astype(np.int64) + np.repeat(np.asarray(mins, dtype=np.int64), n_per_seg)
 
 
@@ -288,9 +292,10 @@ def _payloads(
     counts: Int64Array,
     spans: Int64Array,
     indexes: Int64Array | None = None,
-) -> list[bytes]:
+) -> tuple[list[bytes], Int64Array]:
     """Each segment's packed times, its entry checked (framing, checksum seeded with its
-    object entry index: ``first_index + s`` or ``indexes[s]``, flags, payload length)."""
+    object entry index: ``first_index + s`` or ``indexes[s]``, flags, payload length), and
+    the bit length of each segment's span, at which its times are packed."""
     n_per_seg = np.asarray(counts, dtype=np.int64)
     if (n_per_seg < 1).any() or (np.asarray(spans, dtype=np.int64) < 0).any():
         raise ValueError("bad count or span")
@@ -318,10 +323,11 @@ def _payloads(
     if flags.any():
         s = int(np.flatnonzero(flags)[0])
         raise ValueError(f"entry {int(seeds[s])}: unknown flags {int(flags[s]):#x}")
-    wrong = lengths - 5 != (n_per_seg * bit_lengths(np.asarray(spans, dtype=np.int64)) + 7) // 8
+    bits = bit_lengths(np.asarray(spans, dtype=np.int64))
+    wrong = lengths - 5 != (n_per_seg * bits + 7) // 8
     if wrong.any():
         raise ValueError(f"segment {int(np.argmax(wrong))}: packed times have the wrong length")
-    return [body[1:] for body in bodies]
+    return [body[1:] for body in bodies], bits
 
 
 def roaring_union_by_ledger(
