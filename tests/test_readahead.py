@@ -315,6 +315,7 @@ def test_an_index_delivers_the_same_with_read_ahead(
         index = _fill(store, clock)
         runs.append(_paced_drain(index, clock, store))
         stats = store.readahead_stats()
+        assert index.stats()["readahead"] == stats  # the index reports its storage's
         index.close()
         store.close()
     assert runs[0] == runs[1]  # the same positions, at the same times, in the same batches

@@ -13,6 +13,7 @@ from typing import Any
 from delayindex import _impl
 from delayindex.config import TrackerConfig
 from delayindex.model import MAX_TIME
+from delayindex.storage.base import SnapshotStorage
 from delayindex.storage.catalog import Catalog
 from delayindex.storage.manifest import QuarantineRecord
 from delayindex.timers import ArmingRule
@@ -77,6 +78,7 @@ class StatsMixin:
     _ops: dict[str, _OpStats]
     _pending_quarantine: list[tuple[QuarantineRecord, str]]
     _warnings: ProblemLog
+    _storage: SnapshotStorage
 
     _evicted_count: int
 
@@ -90,7 +92,9 @@ class StatsMixin:
         ``health`` is ``"ok"``, or ``"degraded"`` while ``problems`` lists a condition that
         needs attention, each with what to do: quarantined buckets, failing segment reads,
         dead letters, memory-mode buckets, unrecorded quarantines. ``warnings`` holds the
-        newest messages, each distinct problem once. Also works on a closed index.
+        newest messages, each distinct problem once. ``readahead`` is the storage's read-ahead
+        counters (shared by every index on that storage; ``{}`` without read-ahead). Also
+        works on a closed index.
         """
         with self._lock:
             out: dict[str, Any] = dict(self._core.counters())
@@ -134,6 +138,8 @@ class StatsMixin:
                 quarantined_buckets=len(quarantined),
                 quarantined=quarantined,
                 released_buckets=states.count("released"),
+                # The storage's, shared by every index on it ({}: it does not read ahead).
+                readahead=self._readahead_stats(),
                 retrying_loads={
                     b.snapshot_id: b.load_failures
                     for b in self._buckets.values()
@@ -184,6 +190,10 @@ class StatsMixin:
         if self._pending_quarantine:
             out.append("quarantines not yet recorded in the manifest (retried): check the storage")
         return out
+
+    def _readahead_stats(self) -> dict[str, int]:
+        read = getattr(self._storage, "readahead_stats", None)
+        return {} if read is None else dict(read())
 
     def buckets(self) -> list[BucketInfo]:
         """One record per sealed bucket, in ledger order."""
