@@ -1111,6 +1111,31 @@ def test_22735_unreadable_metadata_at_open_raises_naming_it_and_changes_nothing(
     index.close()
 
 
+def test_an_unreadable_first_segment_at_open_holds_back_its_bucket_only(
+    storage: MemoryStorage, clock: ManualClock
+) -> None:
+    """A transient failure reading a bucket's first live segment at open is not damage and
+    must not fail the open: that bucket's segment is read when due (with the loads' backoff),
+    reported meanwhile, and every other bucket recovers and delivers."""
+    config = tiny(max_indexes_per_segment=-1, max_time_step_per_segment_ms=10_000)
+    index = open_index(storage, clock, config)
+    schedule = seal_ledgers(index, [1, 2], T0 + 10_000)
+    bad = index.buckets()[0].snapshot_id
+    assert bad is not None
+    index.close()
+    storage.inject_failure("get_segments", times=4)  # every attempt of the first read
+    index = open_index(storage, clock, config)
+    assert ranges(index) == [(1, 1), (2, 2)] and len(index) == 10
+    stats = index.stats()
+    assert stats["retrying_loads"] == {bad: 1} and bad in stats["warnings"][-1]
+    assert index.quarantined() == []  # not damage
+    durable = {p: t for p, t in schedule.items() if p.ledger_id in (1, 2)}
+    assert_exactly_once(drain(index, clock, durable), durable)  # the storage answers again
+    assert index.stats()["retrying_loads"] == {}
+    assert not any(bad in w for w in index.stats()["problems"])
+    index.close()
+
+
 def _record(start: int, end: int, tag: str) -> BucketRecord:
     return BucketRecord(start, end, f"s-{tag}", num_messages=1, num_segments=1, snapshot_bytes=1)
 

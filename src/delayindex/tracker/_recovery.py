@@ -2,8 +2,11 @@
 
 The catalog has repaired the manifest's intents; each live bucket's metadata is read, fully
 due segments are skipped, the bitmaps of the rest restored and its first live segment loaded;
-the persisted mark is applied. A damaged or missing snapshot quarantines its bucket only; a
-storage error raises :class:`~delayindex.errors.RecoveryError` having changed nothing.
+the persisted mark is applied. A damaged or missing snapshot quarantines its bucket only. A
+storage error reading a metadata raises :class:`~delayindex.errors.RecoveryError` having
+changed nothing (its positions cannot be known); one reading a first live segment does not:
+that bucket's first segment becomes a placeholder, read again when due with the loads'
+backoff, and every other bucket recovers.
 """
 
 from __future__ import annotations
@@ -114,7 +117,8 @@ class RecoveryMixin:
         now = self._now()
         core = self._core
         cutoff = core.cutoff_for(now)
-        loaded: list[tuple[BucketRecord, SnapshotMetadata, int, Any]] = []
+        loaded: list[tuple[BucketRecord, SnapshotMetadata, int, Any]] = []  # segment or None
+        unread: dict[str, StorageError] = {}  # first segments whose read failed: loaded later
         damaged: list[tuple[QuarantineRecord, Any]] = []
         drop: list[str] = [r.snapshot_id for r in overlapping]
         unfolded: list[tuple[Any, Any]] = []
@@ -135,12 +139,15 @@ class RecoveryMixin:
                         unfolded.append(metadata.folded_positions())
                     continue
                 first = found
-                segment = self._storage.get_segments(sid_name, first, first)[0]
+                try:
+                    segment = self._storage.get_segments(sid_name, first, first)[0]
+                except StorageError as exc:  # not damage: this bucket's load retries it later
+                    unread[sid_name] = exc
                 _restore_live(core, metadata, first, sid_name)
             except (SnapshotNotFoundError, SnapshotCorruptError) as exc:
                 # Damage stays local: this bucket is quarantined, the others recover. Its
                 # positions are held when its bitmaps are sound (the segment was damaged).
-                if segment is not None or metadata is None or found is None:
+                if segment is not None or metadata is None or found is None or sid_name in unread:
                     live = None
                 else:
                     live = _sound_positions(metadata, first, sid_name)
@@ -185,8 +192,21 @@ class RecoveryMixin:
         for record, metadata, first, segment in loaded:
             bucket = self._new_bucket(record.start_ledger, record.end_ledger, 0)
             self._make_durable(bucket, record, metadata)
-            bucket.current = first
             core.add_range(bucket.start, bucket.end)
+            if segment is None:  # unreadable now: a placeholder, read when due (with backoff)
+                bucket.current = first - 1
+                bucket.load_failures = 1
+                core.set_source(bucket.sid, _NONE, _NONE, _NONE, bucket.next_time(first - 1))
+                self._warnings.append(
+                    f"reading segment {first} of {record.snapshot_id!r} (bucket "
+                    f"[{record.start_ledger}, {record.end_ledger}]) failed at open; it is read "
+                    f"again when due (backoff on failure), the bucket's messages wait (late, "
+                    f"never early), the others deliver; check the storage: "
+                    f"{unread[record.snapshot_id]}",
+                    key=f"load:{record.snapshot_id}",
+                )
+                continue
+            bucket.current = first
             core.set_source(
                 bucket.sid, segment.times, segment.ledgers, segment.entries,
                 bucket.next_time(first),
