@@ -48,8 +48,9 @@ snapshot creation and deletion), a clock, a timer and a background executor:
   and its first live segment loaded; the persisted mark is applied. A damaged or missing
   snapshot quarantines its bucket only (moved to the manifest's quarantine list in one commit
   before anything is installed); active quarantine records are restored without delivery. A
-  storage error reading a snapshot raises :class:`~delayindex.errors.RecoveryError` having
-  changed nothing.
+  storage error reading a snapshot's metadata raises :class:`~delayindex.errors.RecoveryError`
+  having changed nothing; one reading a first live segment leaves that segment a placeholder,
+  read again when due (the loads' backoff), and the open goes on.
 
 Threads: one lock guards the core and the bucket table. Background jobs do their I/O without it
 and take it only to install results (in slices where the work is large). Jobs are queued while
@@ -237,7 +238,8 @@ class DelayIndex(
             executor: runs snapshot writes, merges and deletes (default: one private thread).
 
         Raises:
-            RecoveryError: a snapshot is corrupt or unreadable; it is named, nothing is deleted.
+            RecoveryError: a snapshot's metadata could not be read (a storage error after the
+                retries) or no manifest could be recovered; it is named, nothing is changed.
             StoreLockedError: another writer holds ``name``.
             TypeError, ValueError: bad arguments.
         """
