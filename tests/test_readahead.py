@@ -8,8 +8,12 @@ bounded; and an index delivers exactly what it delivers without read-ahead.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +22,7 @@ import pytest
 from delayindex import DelayIndex, FileStorage, ManualClock, MemoryStorage, TrackerConfig
 from delayindex.errors import SnapshotCorruptError
 from delayindex.snapshot.format import build_snapshot
+from delayindex.storage._base_raw import ObjectSource
 from delayindex.storage._readahead import ReadAhead
 from delayindex.tracker import _loading
 
@@ -199,14 +204,34 @@ def _columns(store: FileStorage, sid: str, first: int, last: int) -> list[list[i
     return [column.tolist() for column in store.get_segment_arrays(sid, first, last)]
 
 
+class _CountingStorage(FileStorage):
+    """A FileStorage that counts the reads made on each thread."""
+
+    reads: Counter[str]
+
+    @contextmanager
+    def _open(self, key: str) -> Iterator[ObjectSource]:
+        with super()._open(key) as src:
+            inner = src.read
+
+            def read(offset: int, length: int) -> bytes:
+                self.reads[threading.current_thread().name] += 1
+                return inner(offset, length)
+
+            yield dataclasses.replace(src, read=read)
+
+
 def test_file_storage_serves_a_prefetched_range_from_memory(tmp_path: Path) -> None:
-    store = FileStorage(tmp_path / "a")
+    store = _CountingStorage(tmp_path / "a")
+    store.reads = Counter()
     plain = FileStorage(tmp_path / "a", readahead_bytes=0, clean_tmp=False)
     sid = _snapshot(store)
     assert store.prefetch_segments(sid, 3, 5) is True
     assert store._readahead is not None and store._readahead.wait_idle(WAIT_S)
     assert store.readahead_stats()["read"] == 1
+    assert set(store.reads) == {"delayindex-readahead"}  # header, metadata, entries
     assert _columns(store, sid, 3, 5) == _columns(plain, sid, 3, 5)
+    assert set(store.reads) == {"delayindex-readahead"}  # the read itself read nothing
     assert store.readahead_stats()["hits"] == 1
     assert plain.prefetch_segments(sid, 3, 5) is False and plain.readahead_stats() == {}
     store.close()
