@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -207,7 +208,9 @@ def _columns(store: FileStorage, sid: str, first: int, last: int) -> list[list[i
 class _CountingStorage(FileStorage):
     """A FileStorage that counts the reads made on each thread."""
 
-    reads: Counter[str]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.reads: Counter[str] = Counter()
+        super().__init__(*args, **kwargs)
 
     @contextmanager
     def _open(self, key: str) -> Iterator[ObjectSource]:
@@ -223,7 +226,6 @@ class _CountingStorage(FileStorage):
 
 def test_file_storage_serves_a_prefetched_range_from_memory(tmp_path: Path) -> None:
     store = _CountingStorage(tmp_path / "a")
-    store.reads = Counter()
     plain = FileStorage(tmp_path / "a", readahead_bytes=0, clean_tmp=False)
     sid = _snapshot(store)
     assert store.prefetch_segments(sid, 3, 5) is True
@@ -333,16 +335,19 @@ def test_an_index_delivers_the_same_with_read_ahead(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_loading, "LOAD_BATCH_INDEXES", 200)  # many loads from a small index
-    runs = []
+    runs, polling_reads = [], []
     for name, size in (("plain", 0), ("ahead", 1 << 20)):
-        store = FileStorage(tmp_path / name, readahead_bytes=size)
+        store = _CountingStorage(tmp_path / name, readahead_bytes=size)
         clock = ManualClock(10**12)
         index = _fill(store, clock)
+        store.reads.clear()
         runs.append(_paced_drain(index, clock, store))
+        polling_reads.append(store.reads["MainThread"])  # what the loads waited for
         stats = store.readahead_stats()
         assert index.stats()["readahead"] == stats  # the index reports its storage's
         index.close()
         store.close()
     assert runs[0] == runs[1]  # the same positions, at the same times, in the same batches
+    assert polling_reads[0] > 20 and polling_reads[1] == 0
     # Every load found its bytes read ahead (hinted at the seal, or at the load before).
     assert stats["hits"] > 20 and stats["misses"] == 0 and stats["failed"] == 0
