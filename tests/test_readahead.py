@@ -304,12 +304,14 @@ def test_hints_never_raise(tmp_path: Path) -> None:
 # -- DelayIndex ------------------------------------------------------------------------------
 
 
-def _fill(store: FileStorage, clock: ManualClock) -> DelayIndex:
+def _fill(store: FileStorage, clock: ManualClock, ahead_ms: int = 1) -> DelayIndex:
+    """30 000 messages due from ``ahead_ms`` after ``clock()`` on, over 600 s, sealed and
+    durable (buckets of 5 000, segments of 500)."""
     rng = np.random.default_rng(11)
     n = 30_000
     ledgers = np.repeat(np.arange(1, 31, dtype=np.int64), n // 30)
     entries = np.tile(np.arange(n // 30, dtype=np.int64), 30)
-    times = clock() + 1 + rng.integers(0, 600_000, n).astype(np.int64)
+    times = clock() + ahead_ms + rng.integers(0, 600_000, n).astype(np.int64)
     config = TrackerConfig(min_index_count_per_bucket=5_000, max_indexes_per_segment=500)
     index = DelayIndex.open(store, "ra", config, clock=clock)
     index.add_many(ledgers, entries, times)
@@ -351,3 +353,15 @@ def test_an_index_delivers_the_same_with_read_ahead(
     assert polling_reads[0] > 20 and polling_reads[1] == 0
     # Every load found its bytes read ahead (hinted at the seal, or at the load before).
     assert stats["hits"] > 20 and stats["misses"] == 0 and stats["failed"] == 0
+
+
+def test_nothing_is_read_ahead_for_batches_due_beyond_the_horizon(tmp_path: Path) -> None:
+    # A fill whose deliver times lie a day ahead: its seals hint nothing, so no bytes and no
+    # metadata are held for buckets that are not due soon.
+    store = _CountingStorage(tmp_path)
+    index = _fill(store, ManualClock(10**12), ahead_ms=_loading.READAHEAD_HORIZON_MS + 1)
+    assert len(index.buckets()) > 2
+    assert store.readahead_stats()["requested"] == 0
+    assert "delayindex-readahead" not in store.reads
+    index.close()
+    store.close()

@@ -3,13 +3,15 @@
 ``poll`` stops at a due placeholder; ``_load`` reads the next segments (up to
 ``LOAD_BATCH_INDEXES``; the only load in flight, under the lock). A storage error moves that
 bucket's placeholder past the cutoff to its retry time; damage quarantines the bucket. Each load
-then hints the storage (``prefetch_segments``, where it has one) with the bucket's next batch,
-so a storage that reads ahead (FileStorage) holds those bytes when that placeholder comes due.
+notes the bucket's next batch, and hints the storage (``prefetch_segments``, where it has one)
+with every noted batch that comes due within ``READAHEAD_HORIZON_MS``, so a storage that reads
+ahead (FileStorage) holds those bytes when that placeholder comes due.
 ``_exhaust`` retires a bucket whose last segment was consumed.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +32,8 @@ from delayindex.tracker._stats import _OpStats
 
 #: A segment load reads consecutive segments until they hold this many indexes.
 LOAD_BATCH_INDEXES = 4096
+#: A bucket's next batch is read ahead when it comes due within this much time.
+READAHEAD_HORIZON_MS = 60_000
 
 
 def load_batch_end(bucket: _Bucket, first: int) -> int:
@@ -51,6 +55,7 @@ class LoadingMixin:
     _storage: SnapshotStorage
     _warnings: ProblemLog
     _prefetch: Callable[[str, int, int], bool] | None  # the storage's read-ahead hint, if any
+    _ahead: list[tuple[int, int, int]]  # (due time, sid, first segment) of batches to hint
 
     # Provided by DelayIndex and its other mixins.
     _drop_bucket: Callable[..., None]
@@ -116,20 +121,37 @@ class LoadingMixin:
         self._ops["load"].record(True, started)
 
     def _read_ahead(self, bucket: _Bucket, now: int) -> None:
-        """Hint the storage that ``bucket``'s next batch will be loaded, given when its current
-        batch is loaded (or it became durable), so a storage that reads ahead has the bytes in
-        memory by the time that placeholder comes due; delivery itself is unchanged.
+        """Note ``bucket``'s next batch for read-ahead (when its current batch is loaded, or it
+        became durable), then hint the storage with every noted batch that now comes due
+        within :data:`READAHEAD_HORIZON_MS` (lock held). A storage that reads ahead then holds
+        those bytes when the placeholder comes due; delivery itself is unchanged.
 
-        Only ahead of time: a batch already due at ``now`` is loaded by the poll under way,
-        and a backlog drain measured 10 % slower with a reader thread taking the GIL from it.
+        Only ahead of time, and not too far: a batch already due is loaded by the poll under
+        way (a backlog drain measured 10 % slower with a reader thread taking the GIL from
+        it), and one due much later waits in ``_ahead`` (a heap by due time) until a later
+        load finds it within the horizon: the read-ahead also decodes its object's metadata
+        into the storage's cache, and doing that at every seal doubled a 1 M fill's resident
+        memory.
         """
+        if self._prefetch is None:
+            return
         first = bucket.current + 1
-        if self._prefetch is None or first > bucket.num_segments:
-            return
-        if bucket.next_time(bucket.current) <= self._core.cutoff_for(now):
-            return
-        assert bucket.snapshot_id is not None
-        self._prefetch(bucket.snapshot_id, first, load_batch_end(bucket, first))
+        if first <= bucket.num_segments:
+            heapq.heappush(self._ahead, (bucket.next_time(bucket.current), bucket.sid, first))
+        cutoff = self._core.cutoff_for(now)
+        horizon = now + READAHEAD_HORIZON_MS
+        while self._ahead and self._ahead[0][0] <= horizon:
+            due_at, sid, first = heapq.heappop(self._ahead)
+            noted = self._buckets.get(sid)
+            if (
+                due_at <= cutoff  # due: the poll loads it now
+                or noted is None
+                or noted.state != "durable"
+                or noted.current + 1 != first  # loaded (or moved) since it was noted
+            ):
+                continue
+            assert noted.snapshot_id is not None
+            self._prefetch(noted.snapshot_id, first, load_batch_end(noted, first))
 
     def _exhaust(self, sid: int) -> None:
         bucket = self._buckets.get(sid)

@@ -144,6 +144,7 @@ class DelayIndex(
         self._storage: SnapshotStorage = kwargs["storage"]
         # Optional: a storage that reads ahead takes hints of the segments loaded next.
         self._prefetch = getattr(self._storage, "prefetch_segments", None)
+        self._ahead: list[tuple[int, int, int]] = []
         self._name: str = _catalog.name
         self._clock: Clock = kwargs["clock"]
         self._core: Any = _impl.BucketCore(**config.bucket_core_settings())
