@@ -84,12 +84,18 @@ def test_only_the_same_range_and_fingerprint_match() -> None:
     ahead.close()
 
 
-def test_a_duplicate_hint_is_ignored_and_the_queue_is_bounded() -> None:
+def _holding(max_pending: int = 8) -> tuple[threading.Event, _Reads, ReadAhead]:
+    """A read-ahead whose thread is inside the read of ``("a", 1, 1)`` until the event is set."""
     gate = threading.Event()
     reads = _Reads(gate=gate)
-    ahead = _ahead(reads, max_pending=2)
+    ahead = _ahead(reads, max_pending=max_pending)
     assert ahead.request("a", 1, 1)
-    assert reads.started.wait(WAIT_S)  # the thread holds ("a", 1, 1)
+    assert reads.started.wait(WAIT_S)
+    return gate, reads, ahead
+
+
+def test_a_duplicate_hint_is_ignored_and_the_queue_is_bounded() -> None:
+    gate, reads, ahead = _holding(max_pending=2)
     assert ahead.request("a", 1, 1) is False  # being read
     assert ahead.request("b", 1, 1) and ahead.request("c", 1, 1)
     assert ahead.request("b", 1, 1) is False  # waiting already
@@ -103,11 +109,7 @@ def test_a_duplicate_hint_is_ignored_and_the_queue_is_bounded() -> None:
 
 
 def test_taking_a_waiting_range_withdraws_it() -> None:
-    gate = threading.Event()
-    reads = _Reads(gate=gate)
-    ahead = _ahead(reads)
-    ahead.request("a", 1, 1)
-    assert reads.started.wait(WAIT_S)
+    gate, reads, ahead = _holding()
     ahead.request("b", 5, 6)
     assert ahead.take("b", "fp", 5, 6) is None  # the caller reads it itself
     gate.set()
@@ -118,11 +120,7 @@ def test_taking_a_waiting_range_withdraws_it() -> None:
 
 
 def test_taking_the_range_being_read_waits_for_that_read() -> None:
-    gate = threading.Event()
-    reads = _Reads(gate=gate)
-    ahead = _ahead(reads)
-    ahead.request("a", 1, 1)
-    assert reads.started.wait(WAIT_S)
+    gate, reads, ahead = _holding()
     got: list[object] = []
     taker = threading.Thread(target=lambda: got.append(ahead.take("a", "fp", 1, 1)))
     taker.start()
@@ -240,13 +238,20 @@ def test_file_storage_serves_a_prefetched_range_from_memory(tmp_path: Path) -> N
     plain.close()
 
 
-def test_damage_is_still_found_by_the_read_that_decodes(tmp_path: Path) -> None:
+def _prefetched(tmp_path: Path, first: int, last: int) -> tuple[FileStorage, str]:
+    """A FileStorage holding one snapshot whose segments ``first..last`` were read ahead."""
     store = FileStorage(tmp_path)
     sid = _snapshot(store)
+    assert store.prefetch_segments(sid, first, last)
+    assert store._readahead is not None and store._readahead.wait_idle(WAIT_S)
+    return store, sid
+
+
+def test_damage_is_still_found_by_the_read_that_decodes(tmp_path: Path) -> None:
+    store, sid = _prefetched(tmp_path, 2, 2)
+    assert store._readahead is not None
     path = store.object_path(sid)
     data = bytearray(path.read_bytes())
-    store.prefetch_segments(sid, 2, 2)
-    assert store._readahead is not None and store._readahead.wait_idle(WAIT_S)
     # Damage what was read ahead, in memory: the held bytes are what the decode checks.
     held = store._readahead._held[(sid, 2, 2)]
     broken = bytearray(held[1][0])
@@ -259,10 +264,7 @@ def test_damage_is_still_found_by_the_read_that_decodes(tmp_path: Path) -> None:
 
 
 def test_a_replaced_object_is_read_again(tmp_path: Path) -> None:
-    store = FileStorage(tmp_path)
-    sid = _snapshot(store)
-    store.prefetch_segments(sid, 1, 1)
-    assert store._readahead is not None and store._readahead.wait_idle(WAIT_S)
+    store, sid = _prefetched(tmp_path, 1, 1)
     path = store.object_path(sid)
     data = path.read_bytes()
     path.unlink()
@@ -274,10 +276,8 @@ def test_a_replaced_object_is_read_again(tmp_path: Path) -> None:
 
 
 def test_delete_drops_what_was_read_ahead(tmp_path: Path) -> None:
-    store = FileStorage(tmp_path)
-    sid = _snapshot(store)
-    store.prefetch_segments(sid, 1, 4)
-    assert store._readahead is not None and store._readahead.wait_idle(WAIT_S)
+    store, sid = _prefetched(tmp_path, 1, 4)
+    assert store.readahead_stats()["held_bytes"] > 0
     store.delete(sid)
     assert store.readahead_stats()["held_bytes"] == 0
     store.close()
