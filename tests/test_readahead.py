@@ -9,7 +9,9 @@ bounded; and an index delivers exactly what it delivers without read-ahead.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import signal
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -175,6 +177,26 @@ def test_forget_and_close() -> None:
     assert ahead.request("c", 1, 1) is False
     assert ahead.take("b", "fp", 1, 1) is None
     assert ahead.stats()["held_bytes"] == 0
+
+
+def test_a_forked_child_starts_over_instead_of_waiting_for_the_parents_thread() -> None:
+    gate, _, ahead = _holding()  # the parent's thread is inside the read of ("a", 1, 1)
+    pid = os.fork()
+    if pid == 0:  # the child: no thread; a take of that range must not wait for it
+        code = 1
+        try:
+            signal.alarm(10)  # a child that waits forever dies instead: the test fails
+            fresh = ahead.take("a", "fp", 1, 1) is None
+            gate.set()  # the child's copy: lets its new thread's reads through
+            ahead.request("b", 1, 1)
+            got = ahead.wait_idle(WAIT_S) and ahead.take("b", "fp", 1, 1) == [b"b:1"]
+            code = 0 if fresh and got else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    gate.set()
+    ahead.close()
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_bounds_must_be_positive() -> None:

@@ -13,12 +13,15 @@ were read for (objects are immutable; the fingerprint catches a replaced object)
 most once; at most ``max_bytes`` of entry bytes are held (the oldest dropped first) and at most
 ``max_pending`` hints wait; a hint for a range already waiting, being read or held is ignored.
 ``take`` of a range still waiting withdraws the hint (the caller reads it now); ``take`` of the
-range being read waits for that one read rather than reading it twice.
+range being read waits for that one read rather than reading it twice. In a forked child a
+read-ahead starts over empty (the thread did not survive the fork), so nothing waits for it.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 
@@ -58,6 +61,17 @@ class ReadAhead:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._counts = dict.fromkeys(READAHEAD_COUNTERS, 0)
+        _instances.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        # The thread did not survive the fork, and its lock may have been held by it: start
+        # over empty, with a new lock; the next hint starts a new thread.
+        self._cond = threading.Condition(threading.Lock())
+        self._queue.clear()
+        self._reading = None
+        self._held.clear()
+        self._held_bytes = 0
+        self._thread = None
 
     def request(self, key: str, first: int, last: int) -> bool:
         """Read segments ``first..last`` of ``key`` in the background; False if the hint was
@@ -163,3 +177,16 @@ class ReadAhead:
         self._counts["read"] += 1
         while self._held_bytes > self._max_bytes and self._held:
             self._held_bytes -= self._held.popitem(last=False)[1][2]
+
+
+#: Every live read-ahead, reset in a forked child (see ``_after_fork_in_child``).
+_instances: weakref.WeakSet[ReadAhead] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for ahead in list(_instances):
+        ahead._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
