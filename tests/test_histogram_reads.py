@@ -43,6 +43,8 @@ def _filled(storage: Any) -> tuple[DelayIndex, dict[tuple[int, int], int]]:
             model[ledger, entry] = when
     index.flush()
     assert len(index.buckets()) >= 4
+    ahead = getattr(storage, "_readahead", None)  # FileStorage reads the seals' hints ahead:
+    assert ahead is None or ahead.wait_idle(30)  # let it finish, or it decodes metadata later
     return index, model
 
 
