@@ -163,8 +163,8 @@ class ObjectsMixin(RawStorage):
         the object's metadata, into its cache) on a background thread, so the later
         :meth:`get_segment_arrays` (or any segment read of that exact range) finds them in
         memory; the segments' checksums and decoding still run then, so a damaged segment is
-        reported by that read as without the hint. Never blocks, never
-        raises for a storage fault; a bad range is ignored. Returns whether a read was queued.
+        reported by that read as without the hint. Never blocks, never raises for a storage
+        fault; a bad range is ignored. Returns whether a read was queued.
         """
         if self._readahead is None or not 1 <= first <= last:
             return False
