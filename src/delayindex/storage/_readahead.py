@@ -3,9 +3,10 @@ soon, so that the read which later decodes them finds the bytes in memory instea
 for the storage.
 
 A tracker hints with :meth:`ReadAhead.request` (it never blocks and never fails); the storage's
-segment read asks :meth:`ReadAhead.take` before it reads. Only the framed entry bytes are read
-ahead: their checksums and decoding stay on the caller's own read, so damage is found, named and
-handled exactly as without read-ahead. A background read that fails is dropped and counted; the
+segment read asks :meth:`ReadAhead.take` before it reads. Only the framed entry bytes are held
+here (the storage's read callback also warms its metadata cache): their checksums and decoding
+stay on the caller's own read, so damage is found, named and handled exactly as without
+read-ahead. A background read that fails is dropped and counted; the
 caller's read then meets the fault itself and reports it the usual way.
 
 Invariants: bytes are handed out only for the object key, fingerprint and segment range they

@@ -134,8 +134,9 @@ class FileStorage(BaseStorage):
         path: the root directory (created with its subdirectories if missing).
         metadata_cache_size: decoded metadata kept (LRU); 0 disables the cache.
         readahead_bytes: segment bytes a background thread may hold after reading them ahead
-            of a tracker's :meth:`prefetch_segments` hints (a DelayIndex hints each bucket's
-            next segments as it loads the current ones); 0 turns read-ahead off.
+            of a tracker's :meth:`prefetch_segments` hints (a DelayIndex hints a bucket's next
+            batch once it comes due within a minute and is not due yet); 0 turns read-ahead
+            off.
         clean_tmp: delete the temp files of dead writers now (listed in
             ``removed_temp_files``); False leaves ``tmp/`` alone, for read-only tools.
         step_hook: called with a step name before every durable filesystem step (the table in
