@@ -50,14 +50,21 @@ While some still fail, up to ``--confirm-rounds`` (default 2) reruns are made. A
 on the first runs' scale (their machine factors), corrected by its speed on the references
 (``gate_confirm.scales``), so a machine that sped up meanwhile cannot hide a slowdown.
 
+**One baseline per processor** (``gate_machine``): ``benchmarks/baselines/`` holds a baseline
+for each processor the suite was recorded on (``quick-<processor>.json``), and the gate reads the
+one of the runs' processor. A baseline of another processor cannot gate a run (its relative
+speeds of Python and native code differ, by up to 1.7x between two structures on unchanged
+code): the gate refuses it (exit 2) and says how to record one, rather than give a verdict.
+
 Usage (from the repository root)::
 
     pytest benchmarks --benchmark-enable --bench-tier quick --benchmark-json run.json
-    # exit 0: no regression; 1: regressions, listed; 2: unreadable input
-    python benchmarks/gate.py run.json --baseline benchmarks/baseline-quick.json
-    # refresh the stored baseline from clean runs (median figures; what the gate reads)
-    python benchmarks/gate.py run1.json run2.json run3.json \
-        --write-baseline benchmarks/baseline-quick.json
+    # exit 0: no regression; 1: regressions, listed; 2: unreadable input, or no baseline
+    # recorded on this processor
+    python benchmarks/gate.py run.json
+    # record this processor's baseline from clean runs (median figures; what the gate reads),
+    # named for the processor; or: delayindex bench --record-baseline
+    python benchmarks/gate.py run1.json run2.json run3.json --write-baseline benchmarks/baselines
 
     # demonstrate a failure: make DelayIndex's timed calls 1.3 times as slow
     DELAYINDEX_BENCH_SLOWDOWN=delay_index:1.3 pytest benchmarks --benchmark-enable \
@@ -93,6 +100,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import calibration
 import gate_confirm
 import gate_factors
+import gate_machine
 from gate_factors import ALL_KINDS
 from gate_records import (
     GateInputError,
@@ -105,7 +113,8 @@ from gate_records import (
 )
 from gate_report import report
 
-DEFAULT_BASELINE = Path(__file__).resolve().parent / "baseline-quick.json"
+#: The stored baselines, one per tier and processor (``gate_machine``): ``quick-<slug>.json``.
+BASELINE_DIR = Path(__file__).resolve().parent / "baselines"
 DEFAULT_TOLERANCE = 0.15
 DEFAULT_ROW_TOLERANCE = 0.5
 #: The baselines we compare against (not ours to gate).
@@ -403,8 +412,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--baseline",
         type=Path,
-        default=DEFAULT_BASELINE,
-        help="stored baseline (default: benchmarks/baseline-quick.json)",
+        default=None,
+        help="the baseline to gate against (default: the one in benchmarks/baselines/ of the "
+        "tier recorded on the runs' processor)",
+    )
+    parser.add_argument(
+        "--any-processor",
+        action="store_true",
+        help="compare with a --baseline recorded on another processor anyway (its verdict "
+        "then mixes the two processors' relative speeds with the code's changes)",
     )
     parser.add_argument(
         "--tolerance",
@@ -441,13 +457,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tier",
         default="quick",
-        help="with --confirm: the --bench-tier of the rerun (default quick, as the run's)",
+        help="the runs' --bench-tier: the rerun's with --confirm, the stored baseline's name "
+        "(default quick)",
     )
     parser.add_argument(
         "--write-baseline",
         type=Path,
         metavar="OUT",
-        help="write the runs' reduced form (median figures) to OUT as the new baseline, exit",
+        help="write the runs' reduced form (median figures) to OUT as the new baseline, exit; "
+        "OUT a directory: the file is named for the tier and the runs' processor there",
     )
     return parser
 
@@ -471,13 +489,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if simulated is not None and args.write_baseline is not None:
         print("gate: --simulate-slowdown does not go with --write-baseline", file=sys.stderr)
         return 2
+    baseline_path, problem = _baseline_for(args)
+    if problem:
+        print(f"gate: {problem}", file=sys.stderr)
+        return 2
     try:
         if args.write_baseline is not None:
             reduced = median_baseline(args.run)
-            args.write_baseline.write_text(json.dumps(reduced, indent=1) + "\n", encoding="utf-8")
-            print(f"wrote {len(reduced['benchmarks'])} records to {args.write_baseline}")
+            baseline_path.write_text(json.dumps(reduced, indent=1) + "\n", encoding="utf-8")
+            print(f"wrote {len(reduced['benchmarks'])} records to {baseline_path}")
             return 0
-        baseline = ratios(load_records(args.baseline))
+        baseline = ratios(load_records(baseline_path))
         runs, merged, factors, ungated, every = [], {}, [], {}, []
         for path in args.run:
             records = load_records(path)
@@ -506,7 +528,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     factor = statistics.median(factors)
     limits = (args.tolerance, args.row_tolerance, factor, ungated)
     verdict = compare(best, merged, baseline, *limits, kinds)
-    print(f"gate: {', '.join(map(str, args.run))} against {args.baseline}")
+    held = gate_machine.processor_of(baseline_path)
+    print(
+        f"gate: {', '.join(map(str, args.run))} against {baseline_path}"
+        + (f" (recorded on {held})" if held is not None else "")
+    )
     for _ in range(args.confirm_rounds if args.confirm else 0):
         if verdict.ok:
             break
@@ -520,6 +546,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in report(verdict, args.tolerance, args.row_tolerance):
         print(line)
     return 0 if verdict.ok else 1
+
+
+def _baseline_for(args: argparse.Namespace) -> tuple[Path, str]:
+    """The baseline file to read (or, with ``--write-baseline``, to write) and a problem line
+    ("" when none): runs of different processors, no stored baseline for the runs' processor,
+    or a ``--baseline`` recorded on another one (``gate_machine`` says why that cannot gate)."""
+    cpu, mixed = gate_machine.common_processor(args.run)
+    if mixed:
+        return Path(), "the runs come from different processors: " + "; ".join(mixed)
+    if args.write_baseline is not None:
+        if not args.write_baseline.is_dir():
+            return args.write_baseline, ""
+        if cpu is None:
+            return Path(), "the runs name no processor: --write-baseline needs a file name"
+        return args.write_baseline / gate_machine.baseline_name(args.tier, cpu), ""
+    if args.baseline is None:
+        try:
+            return gate_machine.select_baseline(BASELINE_DIR, args.tier, cpu), ""
+        except LookupError as exc:
+            return Path(), str(exc)
+    held = gate_machine.processor_of(args.baseline)
+    if args.any_processor or cpu is None or held is None or held.matches(cpu):
+        return args.baseline, ""
+    return Path(), (
+        f"{args.baseline} was recorded on {held}, the runs on {cpu}: a baseline gates only "
+        "runs of its own processor (Python bytecode and compiled code change speed by "
+        "different factors between processors); record one here (delayindex bench "
+        "--record-baseline), or pass --any-processor to compare anyway"
+    )
 
 
 def _confirm(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import calibration
+from gate_machine import CPU_KEYS
 
 #: The kind of the row each group's ratios are taken against.
 REFERENCE_KIND = "heapq"
@@ -142,7 +143,7 @@ def reduce_run(path: Path) -> dict[str, Any]:
                 key: machine.get(key)
                 for key in ("node", "machine", "python_version", "release", "system")
             },
-            "cpu": {key: cpu.get(key) for key in ("brand_raw", "count", "hz_actual_friendly")},
+            "cpu": {key: cpu.get(key) for key in CPU_KEYS if key in cpu},
         },
         "commit_info": {
             key: data.get("commit_info", {}).get(key) for key in ("id", "dirty", "branch")

@@ -172,7 +172,8 @@ def test_gate_gates_the_run_and_confirms_a_failure(tmp_path: Path, scale: float,
     for record in data["benchmarks"]:
         if record["extra_info"]["kind"] == "delay_index":
             record["stats"]["min"] *= scale
-    (suite / "baseline-quick.json").write_text(json.dumps(data), encoding="utf-8")
+    (suite / "baselines").mkdir()
+    (suite / "baselines" / "quick-here.json").write_text(json.dumps(data), encoding="utf-8")
     done = _bench(suite, "--json-out", "out.json", "--gate")
     assert done.returncode == code, done.stdout + done.stderr
     assert "run 2 of 2, in a fresh process" in done.stdout  # --gate: two processes
@@ -182,6 +183,34 @@ def test_gate_gates_the_run_and_confirms_a_failure(tmp_path: Path, scale: float,
     else:
         assert "confirmation: 1 offending benchmarks run again" in done.stdout
         assert "REGRESSION" in done.stdout and "delay_index row" in done.stdout
+
+
+def test_record_baseline_then_gate_against_it(tmp_path: Path) -> None:
+    """``--gate`` with no baseline of this processor exits 2 saying how to record one;
+    ``--record-baseline`` stores the runs' medians under this processor's name (six runs by
+    default; two here), and ``--gate`` then reads it."""
+    suite = _suite(tmp_path, params=_THREE)
+    missing = _bench(suite, "--json-out", "out.json", "--gate")
+    assert missing.returncode == EXIT_USAGE, missing.stdout + missing.stderr
+    assert "no stored quick-tier baseline was recorded on this processor" in missing.stderr
+    assert "--record-baseline" in missing.stderr
+    recorded = _bench(suite, "--json-out", "base.json", "--record-baseline", "--runs", "2")
+    assert recorded.returncode == EXIT_OK, recorded.stdout + recorded.stderr
+    assert "run 2 of 2, in a fresh process" in recorded.stdout
+    stored = list((suite / "baselines").glob("quick-*.json"))
+    assert len(stored) == 1 and f"wrote 3 records to {stored[0]}" in recorded.stdout
+    held = json.loads(stored[0].read_text(encoding="utf-8"))
+    assert "median figures of 2 runs" in held["note"]
+    assert held["machine_info"]["cpu"]["brand_raw"]  # what the gate matches runs with
+    gated = _bench(suite, "--json-out", "out.json", "--gate")
+    assert gated.returncode in (EXIT_OK, EXIT_CHECK_FAILED), gated.stdout + gated.stderr
+    assert f"against {stored[0]} (recorded on" in gated.stdout
+
+
+def test_gate_and_record_baseline_exclude_each_other() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--gate", "--record-baseline"])
+    assert exc.value.code == EXIT_USAGE
 
 
 def test_runs_must_be_positive(tmp_path: Path) -> None:

@@ -5,7 +5,9 @@ source checkout has the suite; :func:`find_benchmarks_dir` finds it.
 
 ``--gate`` runs the suite twice, the second time in a fresh process (``--runs``), and gates
 both runs together: a structure's speed moves with its process, and the gate takes each
-structure's mean over the processes (``benchmarks/gate.py``, "Several runs").
+structure's mean over the processes (``benchmarks/gate.py``, "Several runs"), against the stored
+baseline of this machine's processor. ``--record-baseline`` runs it six times (each in a fresh
+process) and stores their median figures as that baseline (``benchmarks/gate_machine.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from delayindex.cli._common import (
     _UsageError,
     handler,
 )
+
+#: Runs of ``--record-baseline``: the stored baselines are the median of six clean runs.
+RECORD_RUNS = 6
 
 
 def register(sub: Any) -> None:
@@ -79,18 +84,27 @@ def register(sub: Any) -> None:
         default=None,
         help="only benchmarks matching this pytest -k expression",
     )
-    bench.add_argument(
+    then = bench.add_mutually_exclusive_group()
+    then.add_argument(
         "--gate",
         action="store_true",
-        help="then gate the runs against the stored baseline (benchmarks/gate.py --confirm: a "
-        "failing run's offenders are run again before the verdict); exit 1 on a regression",
+        help="then gate the runs against the stored baseline recorded on this processor "
+        "(benchmarks/gate.py --confirm: a failing run's offenders are run again before the "
+        "verdict); exit 1 on a regression, 2 when no baseline was recorded on this processor",
+    )
+    then.add_argument(
+        "--record-baseline",
+        action="store_true",
+        help="then store the runs' median figures as this processor's baseline "
+        "(benchmarks/baselines/<tier>-<processor>.json), replacing it; run on an idle machine",
     )
     bench.add_argument(
         "--runs",
         type=int,
         default=None,
         help="run the suite this many times, each further run in a fresh process (default: 2 "
-        "with --gate, which averages each structure over both processes, else 1)",
+        "with --gate, which averages each structure over both processes; 6 with "
+        "--record-baseline; else 1)",
     )
     bench.set_defaults(func=handler(_bench, (((_UsageError,), EXIT_USAGE, "error"),)))
 
@@ -115,7 +129,11 @@ def find_benchmarks_dir(given: Path | None = None) -> Path:
 def _bench(args: argparse.Namespace, console: Console) -> int:
     import importlib.util
 
-    runs = args.runs if args.runs is not None else (2 if args.gate else 1)
+    runs = (
+        args.runs
+        if args.runs is not None
+        else (2 if args.gate else RECORD_RUNS if args.record_baseline else 1)
+    )
     if runs < 1:
         raise _UsageError(f"--runs must be at least 1, got {runs}")
     missing = [m for m in ("pytest", "pytest_benchmark") if importlib.util.find_spec(m) is None]
@@ -160,6 +178,11 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
     if code == 0 and args.gate:
         sys.stdout.flush()
         code = int(gate.main([*map(str, outs), "--confirm", f"--tier={args.tier}"]))
+    elif code == 0 and args.record_baseline:
+        sys.stdout.flush()
+        gate.BASELINE_DIR.mkdir(exist_ok=True)
+        where = ["--write-baseline", str(gate.BASELINE_DIR), f"--tier={args.tier}"]
+        code = int(gate.main([*map(str, outs), *where]))
     return {0: EXIT_OK, 1: EXIT_CHECK_FAILED}.get(code, EXIT_USAGE)
 
 
