@@ -15,17 +15,27 @@ the call a calibration loop (:data:`KERNEL_LOOPS` steps over a list of small int
 no allocation) is timed, unless one ran within :data:`INTERVAL_S` (short calls share it). The
 call's *sample* is its own time, an injected slowdown's busy-wait included, over the faster of
 the two loops beside it. The record's figure (``extra_info["calibrated"]``, :data:`INFO_KEY`,
-unitless) is its least sample, as pytest-benchmark's figure is its least round:
+unitless) is the **median** of its samples (:func:`figure_of`):
 
 * a hiccup in one loop does not count (the faster loop is taken);
-* a hiccup in the call, or rounds of a record that are slow by the process's own state (some
-  1e5 rows alternate 1.0x and 1.7x rounds), make samples that the least one leaves out;
-* a slow stretch over a call and its loops cancels out.
+* a slow stretch over a call and its loops cancels out;
+* a round whose two loops both ran slower than the call (the loop and the call do not always
+  run at the same speed: on one vCPU and then the other, or beside a busy neighbour) makes a
+  sample too *low*, and a hiccup in the call one too high; the median of a record's five
+  samples leaves out up to two of either.
 
-The median of the samples was tried first: it moved with those slow rounds. A process whose every
-round of a record is slow (the pure codec's decode ran 70 ms or 120 ms, per process) is left to
-the gate's confirmation rerun. ``extra_info["calibration_loop_ms"]`` is the loop's median time
-(the machine's speed during the record) and ``calibrated_samples`` every sample.
+Until session 21 the figure was the least sample, as pytest-benchmark's is its least round. On
+2026-12-06 that picked such low samples: the native TripleHeap's push-pop row read samples of
+62.8, 62.1, 61.9, 57.1 and 33.3 (the last round's loops 1.4 ms against 0.8 ms before, the call's
+own time unchanged), so the structure read x0.82 on clean code and a simulated 1.3x slowdown of
+it passed the gate. Over five gate runs of clean code (two processes each), the native
+TripleHeap (four records per gate) read x0.82-1.01 by the least sample and x0.87-0.93 by the
+median (docs/benchmarks.md, "Session 21"). The median was tried once before (session 17) and
+dropped because some 1e5 rows alternated 1.0x and 1.7x rounds within a process; the gate's two
+processes and its confirmation rerun are what answer a process whose rounds are slow.
+``extra_info["calibration_loop_ms"]`` is the loop's median time (the machine's speed during the
+record) and ``calibrated_samples`` every sample, from which :func:`figure_of` can recompute a
+stored run's figure.
 
 The calibrations run inside pytest-benchmark's rounds, so a calibrated run's ordinary time
 figures are a little higher (about 3 ms per round): the quick tier (what the gate reads) is
@@ -36,6 +46,7 @@ Standard library only: the gate (``gate.py``) reads :data:`INFO_KEY` from here.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from functools import wraps
@@ -78,6 +89,11 @@ def _stretched(
     return result, clock() - start
 
 
+def figure_of(samples: list[float]) -> float | None:
+    """A record's figure from its calibrated samples: their median (None: no sample)."""
+    return statistics.median(samples) if samples else None
+
+
 class Collector:
     """The calibrated samples of one benchmark's timed calls. ``clock`` and ``loop`` (the
     calibration loop's timing) are injected for tests."""
@@ -111,8 +127,8 @@ class Collector:
         return result
 
     def figure(self) -> float | None:
-        """The least sample (None: no timed call ran)."""
-        return min(self.samples) if self.samples else None
+        """The record's figure, :func:`figure_of` its samples (None: no timed call ran)."""
+        return figure_of(self.samples)
 
 
 _active: Collector | None = None

@@ -1,9 +1,9 @@
 """``delayindex bench``: run the repository's benchmark suite (``benchmarks/``,
-pytest-benchmark) in this process, write pytest-benchmark's JSON and print each benchmark's
-ratio to the heapq baseline of its group (``benchmarks/gate.py`` computes the ratios). Only a
-source checkout has the suite; :func:`find_benchmarks_dir` finds it.
+pytest-benchmark) in a fresh pytest process, write pytest-benchmark's JSON and print each
+benchmark's ratio to the heapq baseline of its group (``benchmarks/gate.py`` computes the
+ratios). Only a source checkout has the suite; :func:`find_benchmarks_dir` finds it.
 
-``--gate`` runs the suite twice, the second time in a fresh process (``--runs``), and gates
+``--gate`` runs the suite twice, each run in its own process (``--runs``), and gates
 both runs together: a structure's speed moves with its process, and the gate takes each
 structure's mean over the processes (``benchmarks/gate.py``, "Several runs"), against the stored
 baseline of this machine's processor. ``--record-baseline`` runs it six times (each in a fresh
@@ -42,9 +42,9 @@ def register(sub: Any) -> None:
     bench = sub.add_parser(
         "bench",
         help="run the benchmark suite (quick tier by default) and print ratios to heapq",
-        description="Run the repository's benchmark suite (benchmarks/, pytest-benchmark) in "
-        "this process, write pytest-benchmark's JSON and print every benchmark's min time (or "
-        "bytes per message) and its ratio to the heapq baseline measured in the same run. "
+        description="Run the repository's benchmark suite (benchmarks/, pytest-benchmark) in a "
+        "fresh pytest process, write pytest-benchmark's JSON and print every benchmark's min "
+        "time (or bytes per message) and its ratio to the heapq baseline measured in the same run. "
         "Needs a checkout with an editable install and the test extra "
         "(pip install -e '.[test]'). " + EXIT_CODES_HELP,
         epilog="Exit 1: a benchmark failed its own checks. Exit 2: no benchmarks directory "
@@ -102,7 +102,7 @@ def register(sub: Any) -> None:
         "--runs",
         type=int,
         default=None,
-        help="run the suite this many times, each further run in a fresh process (default: 2 "
+        help="run the suite this many times, each in a fresh process (default: 2 "
         "with --gate, which averages each structure over both processes; 6 with "
         "--record-baseline; else 1)",
     )
@@ -148,21 +148,23 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
     gate: Any = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = gate  # dataclasses look their module up there
     spec.loader.exec_module(gate)
-    import pytest
-
     out = args.json_out.resolve()
-    started = time.monotonic()
-    code = int(pytest.main(_pytest_argv(args, suite, out)))
-    elapsed = time.monotonic() - started
-    outs = [out]
-    for number in range(2, runs + 1):
+    outs: list[Path] = []
+    code, elapsed = 0, 0.0
+    for number in range(1, runs + 1):
+        outs.append(out if number == 1 else out.with_name(f"{out.stem}.{number}{out.suffix}"))
+        if runs > 1:
+            console.print(f"delayindex bench: run {number} of {runs}, in a fresh process")
+        sys.stdout.flush()
+        # Every run in its own interpreter, none in this one: this process pinned glibc's mmap
+        # threshold (cli.main), which a benchmark process must not inherit (a dispatcher's
+        # process runs with the defaults), and each run starts from the same state.
+        command = [sys.executable, "-m", "pytest", *_pytest_argv(args, suite, outs[-1])]
+        started = time.monotonic()
+        code = subprocess.run(command, cwd=suite.parent, check=False).returncode
+        elapsed = elapsed or time.monotonic() - started
         if code != 0:
             break
-        outs.append(out.with_name(f"{out.stem}.{number}{out.suffix}"))
-        console.print(f"delayindex bench: run {number} of {runs}, in a fresh process")
-        sys.stdout.flush()
-        command = [sys.executable, "-m", "pytest", *_pytest_argv(args, suite, outs[-1])]
-        code = subprocess.run(command, cwd=suite.parent, check=False).returncode
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(width=160)  # a log file: room for the labels
     if not out.is_file():
