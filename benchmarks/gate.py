@@ -3,7 +3,7 @@
 Each record's own figure is compared with the same record in the baseline (matched by
 ``(group, name)``): ``change = (run / baseline) / machine factor`` for times and ``run /
 baseline`` for bytes. The figure (``gate_records``) is, by preference,
-``extra_info["calibrated"]``: the least of the record's timed calls, each over the time of a
+``extra_info["calibrated"]``: the median of the record's timed calls, each over the time of a
 fixed loop run beside it (``calibration.py``; the quick tier records it), which takes out the
 machine's slow stretches that a row's consecutive rounds fall into together. Otherwise it is
 ``stats.min``; for memory groups (records with ``extra_info["rss_bytes_per_msg"]``) the bytes
