@@ -51,7 +51,10 @@ def report(verdict: Any, tolerance: float, row_tolerance: float) -> list[str]:
         f"{kind} x{mean:.2f} ({n})" for kind, (mean, n) in verdict.kinds.items()
     ))  # fmt: skip
     if verdict.improvements:
-        lines.append(f"improved by more than {tolerance:.0%} (consider refreshing the baseline):")
+        lines.append(
+            f"improved by more than {tolerance:.0%} (consider refreshing the baseline: "
+            "delayindex bench --record-baseline):"
+        )
         lines.extend(_line(change) for change in verdict.improvements)
     if verdict.reported:
         lines.append(f"reported, not gated ({len(verdict.reported)}):")
