@@ -17,18 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from delayindex.model import MAX_ENTRY_ID
-
-__all__ = [
-    "EXACT_FLOAT",
-    "INT64_MAX",
-    "INT64_MIN",
-    "as_count",
-    "as_int",
-    "bad_position_rows",
-    "check_add_columns",
-    "int64_array",
-]
+__all__ = ["EXACT_FLOAT", "INT64_MAX", "INT64_MIN", "as_count", "as_int", "int64_array"]
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -72,35 +61,6 @@ def as_int(name: str, value: object, low: int | None = None, high: int | None = 
         hi = "inf" if high is None else high
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {number}")
     return number
-
-
-def bad_position_rows(ledgers: Int64Array, entries: Int64Array) -> npt.NDArray[np.intp]:
-    """The rows whose ``(ledger_id, entry_id)`` is not a position: ``ledger_id < 0``, or
-    ``entry_id`` outside ``[0, 2**32)``."""
-    return np.flatnonzero((ledgers < 0) | (entries < 0) | (entries > MAX_ENTRY_ID))
-
-
-def check_add_columns(ledgers: Int64Array, entries: Int64Array, deliver_ats: Int64Array) -> None:
-    """The ``add_many`` rule for int64 columns: equal lengths, and every position one
-    (``ledger_id >= 0``, ``0 <= entry_id < 2**32``). The Python side's one copy of it (the pure
-    cores and the trackers, which check a whole batch before adding it in slices); the native
-    cores keep the same test inline, with the same messages.
-
-    Raises:
-        ValueError: the lengths differ, or naming the first element that is not a position.
-    """
-    if not len(ledgers) == len(entries) == len(deliver_ats):
-        raise ValueError(
-            f"add_many needs sequences of equal length, got {len(ledgers)}, {len(entries)}, "
-            f"{len(deliver_ats)}"
-        )
-    bad = bad_position_rows(ledgers, entries)
-    if len(bad):
-        i = int(bad[0])
-        raise ValueError(
-            f"element {i}: bad position ({ledgers[i]}, {entries[i]}); need "
-            f"ledger_id >= 0 and 0 <= entry_id < 2**32"
-        )
 
 
 def _from_floats(array: npt.NDArray[Any], name: str) -> Int64Array:

@@ -38,7 +38,6 @@ import numpy as np
 import numpy.typing as npt
 from sortedcontainers import SortedDict
 
-from delayindex._ints import check_add_columns
 from delayindex._lateness import Lateness
 from delayindex._pure._bucket_overrides import NEED_OVERRIDES, BucketOverrides
 from delayindex._pure._bucket_queries import BucketQueries
@@ -55,6 +54,7 @@ from delayindex.model import (
     ADD_NEED_OVERRIDES,
     ADD_SEAL_FIRST,
     ADD_TRACKED,
+    MAX_ENTRY_ID,
     Position,
 )
 from delayindex.policy import bucket_is_full
@@ -332,7 +332,13 @@ class BucketCore(BucketOverrides, BucketQueries, BucketRestore, TickedCore):
             )
         cutoff = self.cutoff_for(now)
         if start == 0:
-            check_add_columns(ls, es, ts)
+            bad = np.flatnonzero((ls < 0) | (es < 0) | (es > MAX_ENTRY_ID))
+            if len(bad):
+                i = int(bad[0])
+                raise ValueError(
+                    f"element {i}: bad position ({ls[i]}, {es[i]}); need "
+                    f"ledger_id >= 0 and 0 <= entry_id < 2**32"
+                )
         # Converted to Python ints a chunk at a time: a seal returns mid-batch and the front
         # calls again from there, so converting everything each time would be quadratic.
         for low in range(start, len(ls), _ADD_CHUNK):

@@ -26,14 +26,13 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
-from delayindex._ints import check_add_columns
 from delayindex._lateness import Lateness
 from delayindex._pure._ints import as_i64, check_ids
 from delayindex._pure._ticked import TickedCore
 from delayindex._pure.bins import BinIndex
 from delayindex._pure.heap import TripleHeap, _int64_column, position_columns
 from delayindex._pure.index import LedgerIndex
-from delayindex.model import ADD_CANCELLED, Position
+from delayindex.model import ADD_CANCELLED, MAX_ENTRY_ID, Position
 
 _BITMAP_OVERHEAD = 64
 #: memory_bytes' estimate per reschedule override (as the native twin).
@@ -160,8 +159,18 @@ class TrackerCore(TickedCore):
     ) -> npt.NDArray[np.bool_]:
         """``add`` for each element in order; validates everything before changing anything."""
         ls, es, ts = (_int64_column(a) for a in (ledgers, entries, deliver_ats))
-        check_add_columns(ls, es, ts)
+        if not len(ls) == len(es) == len(ts):
+            raise ValueError(
+                f"add_many needs sequences of equal length, got {len(ls)}, {len(es)}, {len(ts)}"
+            )
         cutoff = self.cutoff_for(now)
+        bad = np.flatnonzero((ls < 0) | (es < 0) | (es > MAX_ENTRY_ID))
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(
+                f"element {i}: bad position ({ls[i]}, {es[i]}); need "
+                f"ledger_id >= 0 and 0 <= entry_id < 2**32"
+            )
         out = np.zeros(len(ls), dtype=np.bool_)
         for i, (ledger, entry, deliver_at) in enumerate(
             zip(ls.tolist(), es.tolist(), ts.tolist(), strict=True)

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from delayindex._ints import INT64_MAX as _INT64_MAX
-from delayindex._ints import INT64_MIN, as_int, bad_position_rows, int64_array
+from delayindex._ints import INT64_MIN, as_int, int64_array
 from delayindex.config import TrackerConfig
 from delayindex.dump import is_position_sorted
 from delayindex.model import MAX_ENTRY_ID, MAX_LEDGER_ID
@@ -116,7 +116,7 @@ def _check_positions(ledgers: Int64Array, entries: Int64Array) -> None:
     """Raise ValueError on an id out of range or a position found twice (naming the rows)."""
     if not len(ledgers):
         return
-    bad = bad_position_rows(ledgers, entries)
+    bad = np.flatnonzero((ledgers < 0) | (entries < 0) | (entries > MAX_ENTRY_ID))
     if len(bad):
         i = int(bad[0])
         raise ValueError(

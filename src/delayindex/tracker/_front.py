@@ -8,9 +8,8 @@ lock guarding every public method, and an optional :class:`~delayindex.timers.Ar
 from __future__ import annotations
 
 import threading
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
 
@@ -20,28 +19,7 @@ from delayindex.clock import Clock
 from delayindex.config import TrackerConfig
 from delayindex.timers import ArmingRule
 
-__all__ = ["ADD_MANY_SLICE_ROWS", "TrackerFront", "add_many_slices", "as_count"]
-
-#: ``add_many`` takes the tracker's lock once per this many rows, so a ``poll`` or ``contains``
-#: from another thread waits for one slice (2-4 ms natively) instead of the whole batch (a 1 M
-#: batch held it for 0.15-0.25 s natively, some 45 s on the pure build).
-ADD_MANY_SLICE_ROWS = 16_384
-
-
-def add_many_slices(count: int) -> Iterator[tuple[int, int]]:
-    """``(first, last)`` of each slice of a ``count``-row batch that ``add_many`` adds under one
-    lock hold (:data:`ADD_MANY_SLICE_ROWS` rows; read per call, so tests can shrink it). An
-    empty batch is one empty slice, so a closed tracker still refuses it.
-
-    Between two slices (the caller has released the lock) it yields the GIL once: without that,
-    the adding thread took the lock back before a thread waiting for it woke, and a DelayIndex
-    reader still waited 45-67 ms for a 1 M batch (``benchmarks/bench_add_many_wait.py``).
-    """
-    size = ADD_MANY_SLICE_ROWS
-    for first in range(0, max(count, 1), size):
-        if first:
-            time.sleep(0)
-        yield first, min(first + size, count)
+__all__ = ["TrackerFront", "as_count"]
 
 
 class TrackerFront(ABC):

@@ -77,7 +77,6 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from delayindex import _impl, _registry
-from delayindex._ints import check_add_columns
 from delayindex._memory import release_free_memory
 from delayindex.clock import Clock
 from delayindex.config import TrackerConfig
@@ -100,7 +99,7 @@ from delayindex.storage.manifest import BucketRecord, QuarantineRecord
 from delayindex.timers import ArmingRule, Timer
 from delayindex.tracker._bucket import BucketInfo, Int64Array, _Bucket, _PendingCreate
 from delayindex.tracker._damage import ProblemLog, QuarantineMixin
-from delayindex.tracker._front import TrackerFront, add_many_slices, as_count
+from delayindex.tracker._front import TrackerFront, as_count
 from delayindex.tracker._housekeeping import HousekeepingMixin
 from delayindex.tracker._loading import LoadingMixin
 from delayindex.tracker._merge import MergeMixin
@@ -378,10 +377,7 @@ class DelayIndex(
         """:meth:`add` each element in order; sequences or int64 arrays of equal length.
 
         Everything is validated before anything changes. Returns a bool array (True = do not
-        deliver: tracked, or at or below the mark-delete as for :meth:`add`). The lock is taken
-        per slice of ``ADD_MANY_SLICE_ROWS`` rows, each added at the clock's time then, so other
-        threads' calls interleave with a large batch instead of waiting for all of it (a
-        :meth:`close` between two slices ends it with ``TrackerClosedError``).
+        deliver: tracked, or at or below the mark-delete as for :meth:`add`).
 
         Raises:
             ValueError: lengths differ, an id is out of range, or a value does not fit int64.
@@ -390,27 +386,27 @@ class DelayIndex(
         ledgers = as_int64_array(ledger_ids, "ledger_ids")
         entries = as_int64_array(entry_ids, "entry_ids")
         deliver = as_int64_array(deliver_ats, "deliver_ats")
-        check_add_columns(ledgers, entries, deliver)  # the whole batch, before any slice
+        if not len(ledgers) == len(entries) == len(deliver):
+            raise ValueError(
+                f"add_many needs sequences of equal length, got {len(ledgers)}, "
+                f"{len(entries)}, {len(deliver)}"
+            )
         out = np.zeros(len(ledgers), dtype=np.bool_)
-        for first, last in add_many_slices(len(ledgers)):
-            with self._lock:
-                self._check_open()
-                now = self._now()
-                # The core adds rows start..last-1 of the prefix; it stops where a seal or the
-                # evicted cancels of a ledger must come first.
-                head = (ledgers[:last], entries[:last], deliver[:last])
-                start = first
-                while True:
-                    stop = self._core.add_many(*head, now, out[:last], start)
-                    if stop >= last:
-                        break
-                    if self._core.needs_restore(int(ledgers[stop]), int(entries[stop])):
-                        self._restore_evicted(int(ledgers[stop]))
-                    else:
-                        self._seal()
-                    start = stop
-                if last > first:
-                    self._rearm(now)
+        with self._lock:
+            self._check_open()
+            now = self._now()
+            start = 0
+            while True:
+                stop = self._core.add_many(ledgers, entries, deliver, now, out, start)
+                if stop >= len(ledgers):
+                    break
+                if self._core.needs_restore(int(ledgers[stop]), int(entries[stop])):
+                    self._restore_evicted(int(ledgers[stop]))
+                else:
+                    self._seal()
+                start = stop
+            if self._arming is not None and len(out):
+                self._rearm(now)
         if self._queued:
             self._submit_queued()
         return out

@@ -22,13 +22,13 @@ import numpy.typing as npt
 
 from delayindex import _impl, _registry
 from delayindex._browse import histogram_edges, select_pending, time_range
-from delayindex._ints import check_add_columns, int64_array
+from delayindex._ints import int64_array
 from delayindex.clock import Clock
 from delayindex.config import TrackerConfig
 from delayindex.errors import TrackerClosedError
 from delayindex.model import ADD_DELIVER, MAX_ENTRY_ID, MAX_TIME, MIN_TIME, Position
 from delayindex.timers import ArmingRule, Timer
-from delayindex.tracker._front import TrackerFront, add_many_slices, as_count
+from delayindex.tracker._front import TrackerFront, as_count
 
 _DEFAULT_CONFIG = TrackerConfig()
 _INT_LIKE = "integer"
@@ -108,9 +108,7 @@ class InMemoryTracker(TrackerFront):
         """:meth:`add` each ``(ledger_ids[i], entry_ids[i], deliver_ats[i])`` in order.
 
         Accepts sequences of ints or integer numpy arrays of equal length. Everything is
-        validated before anything changes. Returns a bool array (True = tracked). The lock is
-        taken per slice of ``ADD_MANY_SLICE_ROWS`` rows, each added at the clock's time then, so
-        other threads' calls interleave with a large batch instead of waiting for all of it.
+        validated before anything changes. Returns a bool array (True = tracked).
 
         Raises:
             ValueError: lengths differ, an id is out of range, or a value does not fit int64.
@@ -119,17 +117,12 @@ class InMemoryTracker(TrackerFront):
         ledgers = as_int64_array(ledger_ids, "ledger_ids")
         entries = as_int64_array(entry_ids, "entry_ids")
         deliver = as_int64_array(deliver_ats, "deliver_ats")
-        check_add_columns(ledgers, entries, deliver)  # the whole batch, before any slice
-        tracked = np.zeros(len(ledgers), dtype=np.bool_)
-        for first, last in add_many_slices(len(ledgers)):
-            with self._lock:
-                now = self._now()
-                tracked[first:last] = self._core.add_many(
-                    ledgers[first:last], entries[first:last], deliver[first:last], now
-                )
-                if last > first:
-                    self._rearm(now)
-        return tracked
+        with self._lock:
+            now = self._now()
+            tracked = self._core.add_many(ledgers, entries, deliver, now)
+            if self._arming is not None and len(tracked):
+                self._rearm(now)
+            return tracked  # type: ignore[no-any-return]
 
     # -- cancel, reschedule, browse -----------------------------------------------------------
 
