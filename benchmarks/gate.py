@@ -489,7 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if simulated is not None and args.write_baseline is not None:
         print("gate: --simulate-slowdown does not go with --write-baseline", file=sys.stderr)
         return 2
-    baseline_path, problem = _baseline_for(args)
+    baseline_path, held, problem = _baseline_for(args)
     if problem:
         print(f"gate: {problem}", file=sys.stderr)
         return 2
@@ -528,7 +528,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     factor = statistics.median(factors)
     limits = (args.tolerance, args.row_tolerance, factor, ungated)
     verdict = compare(best, merged, baseline, *limits, kinds)
-    held = gate_machine.processor_of(baseline_path)
     print(
         f"gate: {', '.join(map(str, args.run))} against {baseline_path}"
         + (f" (recorded on {held})" if held is not None else "")
@@ -548,33 +547,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if verdict.ok else 1
 
 
-def _baseline_for(args: argparse.Namespace) -> tuple[Path, str]:
-    """The baseline file to read (or, with ``--write-baseline``, to write) and a problem line
-    ("" when none): runs of different processors, no stored baseline for the runs' processor,
-    or a ``--baseline`` recorded on another one (``gate_machine`` says why that cannot gate)."""
+def _baseline_for(
+    args: argparse.Namespace,
+) -> tuple[Path, gate_machine.Processor | None, str]:
+    """The baseline file to read (or, with ``--write-baseline``, to write), the processor it
+    names (None: unknown, or a file to write), and a problem line ("" when none): runs of
+    different processors, no stored baseline for the runs' processor, or a ``--baseline``
+    recorded on another one (``gate_machine`` says why that cannot gate)."""
     cpu, mixed = gate_machine.common_processor(args.run)
     if mixed:
-        return Path(), "the runs come from different processors: " + "; ".join(mixed)
+        return Path(), None, "the runs come from different processors: " + "; ".join(mixed)
     if args.write_baseline is not None:
         if not args.write_baseline.is_dir():
-            return args.write_baseline, ""
+            return args.write_baseline, None, ""
         if cpu is None:
-            return Path(), "the runs name no processor: --write-baseline needs a file name"
-        return args.write_baseline / gate_machine.baseline_name(args.tier, cpu), ""
+            return Path(), None, "the runs name no processor: --write-baseline needs a file name"
+        return args.write_baseline / gate_machine.baseline_name(args.tier, cpu), None, ""
     if args.baseline is None:
         try:
-            return gate_machine.select_baseline(BASELINE_DIR, args.tier, cpu), ""
+            return (*gate_machine.select_baseline(BASELINE_DIR, args.tier, cpu), "")
         except LookupError as exc:
-            return Path(), str(exc)
+            return Path(), None, str(exc)
     held = gate_machine.processor_of(args.baseline)
     if args.any_processor or cpu is None or held is None or held.matches(cpu):
-        return args.baseline, ""
-    return Path(), (
+        return args.baseline, held, ""
+    refused = (
         f"{args.baseline} was recorded on {held}, the runs on {cpu}: a baseline gates only "
         "runs of its own processor (Python bytecode and compiled code change speed by "
         "different factors between processors); record one here (delayindex bench "
         "--record-baseline), or pass --any-processor to compare anyway"
     )
+    return Path(), None, refused
 
 
 def _confirm(

@@ -113,8 +113,9 @@ def stored_baselines(directory: Path, tier: str) -> dict[Path, Processor | None]
     return {path: processor_of(path) for path in sorted(directory.glob(f"{tier}-*.json"))}
 
 
-def select_baseline(directory: Path, tier: str, cpu: Processor | None) -> Path:
-    """The stored baseline of ``tier`` in ``directory`` recorded on ``cpu``.
+def select_baseline(directory: Path, tier: str, cpu: Processor | None) -> tuple[Path, Processor]:
+    """The stored baseline of ``tier`` in ``directory`` recorded on ``cpu``, and the processor
+    it names.
 
     Raises:
         LookupError: the runs name no processor, or no stored baseline matches it; the message
@@ -130,7 +131,8 @@ def select_baseline(directory: Path, tier: str, cpu: Processor | None) -> Path:
     if matching:
         # An exact family/model match beats a brand-only one (an older reduced baseline).
         exact = [path for path in matching if stored[path] == cpu]
-        return (exact or matching)[0]
+        chosen = (exact or matching)[0]
+        return chosen, stored[chosen] or cpu
     held = ", ".join(f"{path.name} ({p})" for path, p in stored.items()) or "none"
     raise LookupError(
         f"no stored {tier}-tier baseline was recorded on this processor, {cpu} (stored: "

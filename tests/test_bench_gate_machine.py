@@ -78,9 +78,11 @@ def test_the_stored_baseline_of_the_runs_processor_is_chosen(tmp_path: Path) -> 
     _write(stored / "quick-intel-xeon-processor.json", _run({"brand_raw": XEON["brand_raw"]}))
     _write(stored / "full-intel-xeon-processor-f6-m207.json", _run(XEON))
     pick = gate_machine.select_baseline
-    assert pick(stored, "quick", gate_machine.processor({"cpu": XEON})) == xeon  # exact first
-    assert pick(stored, "quick", gate_machine.processor({"cpu": EPYC})) == epyc
-    assert pick(stored, "quick", gate_machine.Processor("AMD EPYC", 25, 17)) == epyc
+    xeon_cpu = gate_machine.processor({"cpu": XEON})
+    assert pick(stored, "quick", xeon_cpu) == (xeon, xeon_cpu)  # exact first
+    epyc_cpu = gate_machine.Processor("AMD EPYC")
+    assert pick(stored, "quick", gate_machine.processor({"cpu": EPYC})) == (epyc, epyc_cpu)
+    assert pick(stored, "quick", gate_machine.Processor("AMD EPYC", 25, 17)) == (epyc, epyc_cpu)
     with pytest.raises(LookupError) as missing:
         pick(stored, "quick", gate_machine.Processor("Ampere Altra", 8, 3))
     message = str(missing.value)
