@@ -70,8 +70,9 @@ class Ledger:
         got = [(p.ledger_id, p.entry_id) for p in self.index.poll(n)]
         stats = self.index.stats()
         # A failed read defers its bucket. The poll's retry tick may merge that bucket away
-        # before the poll returns (inline), so retrying_loads no longer names it; its messages
-        # are late all the same (in the merged bucket, behind a placeholder that is due).
+        # before the poll returns (inline): retrying_loads then names the merged bucket, which
+        # holds its messages, until a read of it succeeds, maybe within this very poll; the
+        # messages were late all the same, so a failure counted during the poll counts too.
         retrying = bool(stats["retrying_loads"]) or stats["ops"]["load"]["failed"] > failed_loads
         self.late = self.late or retrying
         cutoff = self.cutoff()
@@ -256,6 +257,36 @@ def test_fully_loaded_buckets_merge() -> None:
     clock.set(T0 + 125)  # (1, 1)..(2, 3) and (3, 0) are due, some now only in the merged bucket
     model.poll(3)
     model.poll(100)
+    drain(model)
+    index.close()
+
+
+def test_a_merged_bucket_keeps_reporting_the_failed_reads_of_its_sources() -> None:
+    """A bucket whose segment read failed is merged before its retry: its messages are the
+    merged bucket's now, still late, so ``retrying_loads`` names the merged bucket (it used to
+    go empty, hiding the lateness) until a read of it succeeds; then everything is delivered
+    in order. (The shared index's state machine found this: its strict order check ran on a
+    poll that was late.)"""
+    index, clock, storage, model = open_tiny(limit=2)
+    far = T0 + 500_000
+    seal(model, 1, T0 + 100, far)
+    seal(model, 2, far, far + 1_000)
+    model.add((3, 0), far)  # seals [2, 2]
+    clock.set(T0 + 100)
+    storage.inject_failure("get_segments", times=MAX_ATTEMPTS)
+    assert index.poll(10) == []  # [1, 1]'s first segment is due; its read fails
+    failed = index.stats()["retrying_loads"]
+    assert list(failed.values()) == [1] and index.stats()["ops"]["load"]["failed"] == 1
+    for entry in (1, 2, 3, 4):
+        model.add((3, entry), far)
+    model.add((4, 0), far)  # seals [3, 3]: [1, 1] and [2, 2] merge (the reads work again)
+    assert index.stats()["ops"]["merge"]["succeeded"] == 1
+    merged = next(b for b in index.buckets() if b.start_ledger == 1)
+    assert merged.end_ledger == 2
+    assert index.stats()["retrying_loads"] == {merged.snapshot_id: 1}
+    model.late = True  # (1, 0) was held back by the failed read
+    assert model.poll(10) == [(1, 0)]  # the merged bucket's read succeeds
+    assert index.stats()["retrying_loads"] == {}
     drain(model)
     index.close()
 

@@ -258,6 +258,7 @@ class SharedMachine(RuleBasedStateMachine):
         #: building cursor replays after a reopen.
         self.last_time: dict[Pos, int] = {}
         self.late = False  # a failed read deferred a bucket: due positions may come late
+        self.load_failed_seen = 0  # the shared index's failed segment reads, last seen
         self.faults = False  # faults were injected since the last heal
 
     def _open(self) -> SharedDelayIndex:
@@ -285,11 +286,16 @@ class SharedMachine(RuleBasedStateMachine):
         )
 
     def _note_retrying(self) -> bool:
-        """Whether a bucket's reads are being retried (then deliveries may come late)."""
-        retrying = bool(self.shared.stats()["retrying_loads"])
-        if retrying and not self.late:
+        """Whether a bucket's reads are being retried (then deliveries may come late). A read
+        that failed since the last look makes deliveries late too, even if the bucket has
+        loaded since (within the same call): its keys came after the others'."""
+        stats = self.shared.stats()
+        retrying = bool(stats["retrying_loads"])
+        failed = stats["ops"]["load"]["failed"]
+        if (retrying or failed > self.load_failed_seen) and not self.late:
             event("a failed read deferred a bucket")
             self.late = True
+        self.load_failed_seen = failed
         return retrying
 
     def _caught_up(self, retrying: bool) -> None:
@@ -518,6 +524,7 @@ class SharedMachine(RuleBasedStateMachine):
             )
             try:
                 self.shared = self._open()
+                self.load_failed_seen = 0  # a new index counts afresh
                 break
             except RecoveryError:
                 assert could_fail, "recovery failed with no injected failure able to cause it"

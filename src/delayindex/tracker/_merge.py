@@ -284,8 +284,14 @@ class MergeMixin:
             return
         for b in sources:
             self._drop_bucket(b, keep_range=True)  # the merged range is registered
+            if b.load_failures:
+                self._warnings.resolve(f"load:{b.snapshot_id}")
         merged = self._new_bucket(record.start_ledger, record.end_ledger, record.num_messages)
         self._make_durable(merged, record, metadata)
+        # A source whose reads were failing had its messages held back (late): they are the
+        # merged bucket's now, and stay late until its first read succeeds, so stats() keeps
+        # reporting the bucket in ``retrying_loads`` until then.
+        merged.load_failures = max((b.load_failures for b in sources), default=0)
         if merged.folded:
             self._folded(merged.start, merged.end, fold_gen)
         # Nothing in memory: a placeholder for segment 1, read back when it comes due.
