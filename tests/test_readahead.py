@@ -387,3 +387,52 @@ def test_nothing_is_read_ahead_for_batches_due_beyond_the_horizon(tmp_path: Path
     assert "delayindex-readahead" not in store.reads
     index.close()
     store.close()
+
+
+def _backlog_drain(index: DelayIndex, clock: ManualClock) -> list[list[object]]:
+    """Everything is due at once (a dispatcher back after downtime): poll until empty."""
+    clock.advance(10**9)
+    batches = []
+    while batch := index.poll(1_000):
+        batches.append(batch)
+    assert len(index) == 0
+    return batches
+
+
+def test_a_backlog_is_read_in_fewer_larger_loads_and_delivered_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Segments due already are read with the batch that comes due (up to
+    ``DUE_LOAD_BATCH_INDEXES``): fewer reads, and the very same batches as one batch of
+    ``LOAD_BATCH_INDEXES`` at a time."""
+    monkeypatch.setattr(_loading, "LOAD_BATCH_INDEXES", 600)
+    runs, loads = [], []
+    for due_batch in (600, 3_000):  # 600: the due extension off
+        monkeypatch.setattr(_loading, "DUE_LOAD_BATCH_INDEXES", due_batch)
+        store = FileStorage(tmp_path / str(due_batch))
+        clock = ManualClock(10**12)
+        index = _fill(store, clock)
+        runs.append(_backlog_drain(index, clock))
+        loads.append(index.stats()["ops"]["load"]["succeeded"])
+        index._check()
+        index.close()
+        store.close()
+    assert runs[0] == runs[1]
+    assert loads[1] * 3 < loads[0], loads
+
+
+def test_the_due_extension_of_a_load_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from delayindex.tracker._bucket import _Bucket
+
+    bucket = _Bucket(0, 1, 1, 100)
+    bucket.mins = np.arange(10, 110, 10, dtype=np.int64)  # 10 segments of 10, due at 10..100
+    bucket.bounds = np.arange(10, 110, 10, dtype=np.int64)
+    monkeypatch.setattr(_loading, "LOAD_BATCH_INDEXES", 20)
+    monkeypatch.setattr(_loading, "DUE_LOAD_BATCH_INDEXES", 50)
+    assert _loading.load_batch_end(bucket, 1) == 2  # 20 indexes
+    assert _loading.load_batch_end(bucket, 1, cutoff=25) == 2  # segment 3 is not due
+    assert _loading.load_batch_end(bucket, 1, cutoff=30) == 3  # it is
+    assert _loading.load_batch_end(bucket, 1, cutoff=10**9) == 5  # capped at 50
+    assert _loading.load_batch_end(bucket, 4, cutoff=10**9) == 8
+    assert _loading.load_batch_end(bucket, 9, cutoff=10**9) == 10  # the last segment
+    assert _loading.load_batch_end(bucket, 10, cutoff=0) == 10  # at least one

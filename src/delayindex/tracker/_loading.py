@@ -1,11 +1,12 @@
 """DelayIndex's segment loads: reading a bucket's next segments when its placeholder is due.
 
 ``poll`` stops at a due placeholder; ``_load`` reads the next segments (up to
-``LOAD_BATCH_INDEXES``; the only load in flight, under the lock). A storage error moves that
-bucket's placeholder past the cutoff to its retry time; damage quarantines the bucket. Each load
-notes the bucket's next batch, and hints the storage (``prefetch_segments``, where it has one)
-with every noted batch that comes due within ``READAHEAD_HORIZON_MS``, so a storage that reads
-ahead (FileStorage) holds those bytes when that placeholder comes due.
+``LOAD_BATCH_INDEXES``, more while they are due already; the only load in flight, under the
+lock). A storage error moves that bucket's placeholder past the cutoff to its retry time;
+damage quarantines the bucket. Each load notes the bucket's next batch, and hints the storage
+(``prefetch_segments``, where it has one) with every noted batch that comes due within
+``READAHEAD_HORIZON_MS``, so a storage that reads ahead (FileStorage) holds those bytes when
+that placeholder comes due.
 ``_exhaust`` retires a bucket whose last segment was consumed.
 """
 
@@ -32,15 +33,27 @@ from delayindex.tracker._stats import _OpStats
 
 #: A segment load reads consecutive segments until they hold this many indexes.
 LOAD_BATCH_INDEXES = 4096
+#: ... or, while the following segments are due already (a backlog), until this many: they are
+#: delivered now anyway, and fewer, larger reads spread each read's fixed cost (the object's
+#: open, the storage's bookkeeping, the decode's set-up) over more messages.
+DUE_LOAD_BATCH_INDEXES = 16_384
 #: A bucket's next batch is read ahead when it comes due within this much time.
 READAHEAD_HORIZON_MS = 60_000
 
 
-def load_batch_end(bucket: _Bucket, first: int) -> int:
+def load_batch_end(bucket: _Bucket, first: int, cutoff: int | None = None) -> int:
     """The last segment of the batch a load starting at segment ``first`` reads: consecutive
-    segments until they hold :data:`LOAD_BATCH_INDEXES` indexes, at least one."""
+    segments until they hold :data:`LOAD_BATCH_INDEXES` indexes, at least one; with a
+    ``cutoff``, also every following segment due by it (its min deliver time at or before
+    it), until they hold :data:`DUE_LOAD_BATCH_INDEXES`. Which segments a load reads never
+    changes what is delivered or in which order, only how many reads it takes."""
     base = bucket.indexes_before(first)
-    last = int(np.searchsorted(bucket.bounds, base + LOAD_BATCH_INDEXES, side="right"))
+    bounds = bucket.bounds
+    last = int(np.searchsorted(bounds, base + LOAD_BATCH_INDEXES, side="right"))
+    if cutoff is not None and last < bucket.num_segments and bucket.mins[last] <= cutoff:
+        due = int(np.searchsorted(bucket.mins, cutoff, side="right"))  # mins ascend
+        capped = int(np.searchsorted(bounds, base + DUE_LOAD_BATCH_INDEXES, side="right"))
+        last = max(last, min(due, capped))
     return min(max(last, first), bucket.num_segments)
 
 
@@ -79,7 +92,7 @@ class LoadingMixin:
         started = time.perf_counter()
         first = bucket.current + 1
         base = bucket.indexes_before(first)
-        last = first if single else load_batch_end(bucket, first)
+        last = first if single else load_batch_end(bucket, first, self._core.cutoff_for(now))
         assert bucket.snapshot_id is not None
         try:
             times, ledgers, entries = self._storage.get_segment_arrays(
