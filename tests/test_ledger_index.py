@@ -236,3 +236,35 @@ def test_sorted_positions_twins_agree_with_sorted(pairs: list[tuple[int, int]]) 
     for kernel in (native_module.sorted_positions, pure_sorted_positions):
         with pytest.raises(ValueError, match="differ in length"):
             kernel(ledgers, np.append(entries, 0))
+
+
+@pytest.mark.parametrize("n", [65, 1000, 4095, 4096, 20_000])
+@pytest.mark.parametrize("ledger_span", [1, 300, 20_000, 2**40])
+def test_sorted_positions_at_every_radix_width(n: int, ledger_span: int) -> None:
+    """The native sort's paths: 8-bit digits below 4096 positions, 11-bit above, passes
+    skipped where every key shares a digit, the quicksort when the keys do not fit 64 bits;
+    duplicates kept."""
+    from delayindex.model import Position
+
+    rng = np.random.default_rng(n + ledger_span)
+    ledgers = 7 + rng.integers(0, ledger_span, n).astype(np.int64)
+    entries = rng.integers(0, 2**31 if ledger_span == 2**40 else 5_000, n).astype(np.int64)
+    entries[: n // 10] = entries[n // 10 : 2 * (n // 10)]  # some duplicates
+    ledgers[: n // 10] = ledgers[n // 10 : 2 * (n // 10)]
+    got = native_module.sorted_positions(ledgers, entries)
+    order = np.lexsort((entries, ledgers))
+    pairs = zip(ledgers[order].tolist(), entries[order].tolist(), strict=True)
+    assert got == [Position(a, b) for a, b in pairs]
+
+
+def test_positions_hold_the_right_ints_when_cached_ones_collide() -> None:
+    """The native poll reuses the int objects of recent ledger and entry ids (a direct-mapped
+    table of 16384 slots per kind): ids that share a slot, met in turn, are never mixed up."""
+    slots = 16_384
+    values = [5, 5 + slots, 5 + 3 * slots, 2**40 + 5, 5, 2**31 + 5, 5 + slots]
+    for _ in range(3):
+        for ledger in values:
+            entries = np.array(values, dtype=np.int64)
+            got = native_module.sorted_positions(np.full(len(values), ledger, np.int64), entries)
+            assert [tuple(p) for p in got] == [(ledger, e) for e in sorted(values)]
+            assert all(type(p.ledger_id) is int and type(p.entry_id) is int for p in got)

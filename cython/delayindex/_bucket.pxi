@@ -49,7 +49,9 @@ ctypedef struct Head:
 
 
 #: How many keys ahead take_due prefetches a key's bitset word (its table slot: twice that).
-cdef Py_ssize_t PREFETCH_AHEAD = 8
+cdef enum:
+    PREFETCH_AHEAD = 8
+    RING_MASK = 15  # take_due's ring of looked-up slots: a power of two > PREFETCH_AHEAD
 
 
 cdef inline bint head_lt(const Head* a, const Head* b) noexcept nogil:
@@ -75,6 +77,18 @@ cdef class _Src:
 
     cdef inline Py_ssize_t remaining(self) noexcept:
         return self.heap.n if self.heap is not None else self.n - self.pos
+
+    cdef inline void advance(self) noexcept:
+        """Step past the head. An array source is read a line at a time, interleaved with
+        every other source's: far more streams than the hardware prefetcher follows, so the
+        next line of each column is requested here, long before the merge reaches it."""
+        self.pos += 1
+        if self.heap is not None:
+            self.heap.cpop()
+        elif (self.pos & 7) == 0:
+            DI_PREFETCH(&self.times[self.pos + 8])
+            DI_PREFETCH(&self.ledgers[self.pos + 8])
+            DI_PREFETCH(&self.entries[self.pos + 8])
 
     cdef inline bint key(self, Head* out) noexcept:
         if self.heap is not None:
@@ -951,9 +965,7 @@ cdef class BucketCore:
             got.ledger = top.ledger
             got.entry = top.entry
             src = <_Src> top.src
-            src.pos += 1
-            if src.heap is not None:
-                src.heap.cpop()
+            src.advance()
             if src.key(&nxt):
                 self.heads_sift_down(0, nxt)
             else:
@@ -985,9 +997,7 @@ cdef class BucketCore:
             got.ledger = top.ledger
             got.entry = top.entry
             src = <_Src> top.src
-            src.pos += 1
-            if src.heap is not None:
-                src.heap.cpop()
+            src.advance()
             if src.key(&nxt):
                 self.heads_sift_down(0, nxt)
             else:
@@ -1026,6 +1036,7 @@ cdef class BucketCore:
         cdef Triple key, got
         cdef int best
         cdef bint stop = False
+        cdef LSet* ring[RING_MASK + 1]
         self.n_polls += 1
         self.load_needed = -1
         bufp[0] = NULL
@@ -1061,16 +1072,20 @@ cdef class BucketCore:
                 m += 1
             for i in range(k, min(m, k + 2 * PREFETCH_AHEAD)):
                 self.index.prefetch_slot(buf[i].ledger)
+            # Each key's slot is looked up once, when its word is prefetched, and kept in a
+            # ring until its test (discards never move slots, and nothing is inserted here).
+            for i in range(k, min(m, k + PREFETCH_AHEAD)):
+                ring[i & RING_MASK] = self.index.prefetch_word(buf[i].ledger, buf[i].entry)
             for i in range(k, m):
                 if i + 2 * PREFETCH_AHEAD < m:
                     self.index.prefetch_slot(buf[i + 2 * PREFETCH_AHEAD].ledger)
                 if i + PREFETCH_AHEAD < m:
-                    self.index.prefetch_word(buf[i + PREFETCH_AHEAD].ledger,
-                                             buf[i + PREFETCH_AHEAD].entry)
+                    ring[(i + PREFETCH_AHEAD) & RING_MASK] = self.index.prefetch_word(
+                        buf[i + PREFETCH_AHEAD].ledger, buf[i + PREFETCH_AHEAD].entry)
                 got = buf[i]
                 # Not tracked: a copy left by delivery, a due re-add or a mark-delete (dedup
                 # on pop).
-                if not self.index.cdiscard(got.ledger, got.entry):
+                if not self.index.cdiscard_in(ring[i & RING_MASK], got.entry):
                     if self.stale:
                         self.stale.discard((got.ledger, got.entry))
                     self.n_skipped += 1
@@ -1102,9 +1117,6 @@ cdef class BucketCore:
         cdef Pos* buf = NULL
         cdef Py_ssize_t k, i
         cdef int64_t ledger, entry
-        cdef list out
-        cdef int64_t prev = -1
-        cdef object ledger_obj = None
         if c_max <= 0:
             self.n_polls += 1
             self.load_needed = -1
@@ -1123,15 +1135,9 @@ cdef class BucketCore:
             di_sort_pos(buf, k)
             if prior is not None:
                 return merge_positions(prior, buf, k)
-            out = [None] * k
-            for i in range(k):
-                if buf[i].ledger != prev:
-                    prev = buf[i].ledger
-                    ledger_obj = prev
-                out[i] = di_make_pair(Position, ledger_obj, buf[i].entry)
+            return di_positions(Position, buf, k)
         finally:
             free(keys)
-        return out
 
     def poll_keys(self, max_n, now) -> tuple:
         """As :meth:`poll`, but return ``(times, ledgers, entries)`` int64 arrays in selection
@@ -1336,9 +1342,6 @@ def sorted_positions(const int64_t[:] ledgers not None, const int64_t[:] entries
     batches; the same construction as ``BucketCore.poll``)."""
     cdef Py_ssize_t i, n = ledgers.shape[0]
     cdef Pos* buf
-    cdef list out
-    cdef int64_t prev = -1
-    cdef object ledger_obj = None
     if entries.shape[0] != n:
         raise ValueError(f"ledgers and entries differ in length ({n} != {entries.shape[0]})")
     if n == 0:
@@ -1351,12 +1354,6 @@ def sorted_positions(const int64_t[:] ledgers not None, const int64_t[:] entries
             buf[i].ledger = ledgers[i]
             buf[i].entry = entries[i]
         di_sort_pos(buf, n)
-        out = [None] * n
-        for i in range(n):
-            if buf[i].ledger != prev:
-                prev = buf[i].ledger
-                ledger_obj = prev
-            out[i] = di_make_pair(Position, ledger_obj, buf[i].entry)
+        return di_positions(Position, buf, n)
     finally:
         free(buf)
-    return out

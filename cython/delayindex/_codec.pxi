@@ -15,7 +15,7 @@
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 
 cdef extern from *:
@@ -446,6 +446,39 @@ cdef void radix_sort(uint64_t* keys, int64_t* ls, int64_t* es, Py_ssize_t n, int
         shift += RADIX_BITS
 
 
+cdef void radix_sort_keys(uint64_t* keys, uint64_t* tmp, Py_ssize_t n, int shift,
+                          int bits) noexcept nogil:
+    """Stable LSD sort of ``keys`` by their bits ``shift .. shift + bits`` (``tmp``: scratch
+    of size n); the sorted keys end in ``keys``."""
+    cdef Py_ssize_t i, j
+    cdef Py_ssize_t count[1 << RADIX_BITS]
+    cdef uint64_t k, mask = (1 << RADIX_BITS) - 1
+    cdef uint64_t* src = keys
+    cdef uint64_t* dst = tmp
+    cdef uint64_t* swap
+    cdef int end = shift + bits
+    while shift < end:
+        memset(count, 0, sizeof(count))
+        for i in range(n):
+            count[(src[i] >> shift) & mask] += 1
+        if count[(src[0] >> shift) & mask] != n:  # else every key has this digit: no moves
+            j = 0
+            for i in range(1 << RADIX_BITS):
+                k = count[i]
+                count[i] = j
+                j += k
+            for i in range(n):
+                k = (src[i] >> shift) & mask
+                dst[count[k]] = src[i]
+                count[k] += 1
+            swap = src
+            src = dst
+            dst = swap
+        shift += RADIX_BITS
+    if src != keys:
+        memcpy(keys, src, <size_t> n * sizeof(uint64_t))
+
+
 def read_varints(const uint8_t[::1] data not None, Py_ssize_t start, Py_ssize_t count):
     """Decode ``count`` unsigned LEB128 varints from ``data[start:]``.
 
@@ -642,7 +675,8 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
     """
     cdef Py_ssize_t n_seg = entry_lengths.shape[0], s, i, j, total = 0, start, n, card, got
     cdef Py_ssize_t scratch = 1, pos = 0, elen, first_ledger, last_ledger
-    cdef int bits
+    cdef int bits, jbits
+    cdef uint64_t key, jmask
     cdef int64_t ledger, prev_ledger
     cdef const uint8_t* payload
     cdef const uint8_t* base
@@ -731,6 +765,27 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
                 got += card
             if got != n:
                 raise ValueError(f"segment {s}: bitmap cardinality does not match the count")
+            jbits = bit_length(<uint64_t> (n - 1))
+            if n > INSERTION_SORT_MAX and bits + jbits <= 64:
+                # Sort (time << jbits | j) alone, by its time digits: 8 bytes moved per key and
+                # pass instead of the triple's 24, and j (the position order) breaks ties, so
+                # the order is the stable sort's. The positions are gathered once, by j.
+                for j in range(n):
+                    key = unpack_one(payload, <uint64_t> j * bits, bits) if bits else 0
+                    if key > <uint64_t> spans[s]:
+                        raise ValueError(f"segment {s}: a packed time exceeds the span")
+                    keys[j] = (key << jbits) | <uint64_t> j
+                radix_sort_keys(keys, sk, n, jbits, bits)
+                jmask = ((<uint64_t> 1) << jbits) - 1
+                if keys[0] >> jbits != 0 or keys[n - 1] >> jbits != <uint64_t> spans[s]:
+                    raise ValueError(f"segment {s}: times do not span its metadata range")
+                for j in range(n):
+                    i = <Py_ssize_t> (keys[j] & jmask)
+                    vt[start + j] = mins[s] + <int64_t> (keys[j] >> jbits)
+                    vl[start + j] = ls[i]
+                    ve[start + j] = es[i]
+                start += n
+                continue
             for j in range(n):
                 keys[j] = unpack_one(payload, <uint64_t> j * bits, bits) if bits else 0
                 if keys[j] > <uint64_t> spans[s]:

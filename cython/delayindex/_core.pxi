@@ -235,8 +235,6 @@ cdef class TrackerCore:
         cdef object bm
         cdef bint check
         cdef list out
-        cdef int64_t prev
-        cdef object ledger_obj
         self.n_polls += 1
         if c_max <= 0:
             return []
@@ -262,14 +260,7 @@ cdef class TrackerCore:
             self.n_delivered += k
             self.heap._maybe_shrink()
             di_sort_pos(buf, k)
-            out = [None] * k
-            prev = -1
-            ledger_obj = None
-            for i in range(k):
-                if buf[i].ledger != prev:
-                    prev = buf[i].ledger
-                    ledger_obj = prev
-                out[i] = di_make_pair(Position, ledger_obj, buf[i].entry)
+            out = di_positions(Position, buf, k)
         finally:
             free(buf)
         if self.index.wants_compaction():

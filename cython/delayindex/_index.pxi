@@ -244,14 +244,17 @@ cdef class LedgerIndex:
         if self.cap:
             DI_PREFETCH(&self.slots[<Py_ssize_t> (ledger_hash(ledger) & <uint64_t> (self.cap - 1))])
 
-    cdef inline void prefetch_word(self, int64_t ledger, int64_t entry) noexcept:
-        """Start loading the bitset word of ``(ledger, entry)`` (its slot should be cached)."""
+    cdef inline LSet* prefetch_word(self, int64_t ledger, int64_t entry) noexcept:
+        """Start loading the bitset word of ``(ledger, entry)`` (its slot should be cached);
+        return the ledger's slot (NULL: none) for :meth:`cdiscard_in`. The slot stays valid
+        until the next insert or compaction (a discard never moves a slot)."""
         cdef LSet* s = self.find(ledger)
         cdef int64_t off
         if s != NULL and s.words != NULL:
             off = entry - s.base
             if 0 <= off < 64 * s.nwords:
                 DI_PREFETCH(&s.words[off >> 6])
+        return s
 
     cdef inline bint ccontains(self, int64_t ledger, int64_t entry) except -1:
         cdef LSet* s = self.find(ledger)
@@ -273,7 +276,11 @@ cdef class LedgerIndex:
 
     cdef int cdiscard(self, int64_t ledger, int64_t entry) except -1:
         """Remove a position; 1 if it was there, else 0."""
-        cdef LSet* s = self.find(ledger)
+        return self.cdiscard_in(self.find(ledger), entry)
+
+    cdef int cdiscard_in(self, LSet* s, int64_t entry) except -1:
+        """:meth:`cdiscard` of ``entry`` in the ledger whose slot is ``s`` (NULL: absent), as
+        :meth:`find` or :meth:`prefetch_word` returned it."""
         cdef int64_t off
         cdef uint64_t bit
         if s == NULL or s.count == 0:

@@ -17,12 +17,38 @@ cdef extern from "<time.h>" nogil:
 
 cdef extern from *:
     """
+    /* The int objects of recent ledger ids (table 0) and entry ids (table 1), direct-mapped
+       by value. A poll hands out one Position per message; a drain of a large backlog
+       allocated and freed two ints per message for ids that recur all the time (a topic's
+       open ledgers, entry ids below the ledger size). A slot holds a reference to its int
+       (at most 2 x 16384 small ints, about 1.5 MB when every slot is used). Called with the
+       GIL held only. */
+    #define DI_INT_CACHE_SLOTS 16384
+    static PyObject* di_int_objs[2][DI_INT_CACHE_SLOTS];
+    static long long di_int_vals[2][DI_INT_CACHE_SLOTS];
+
+    static PyObject* di_cached_int(int table, long long value) {
+        size_t slot = (size_t) ((unsigned long long) value & (DI_INT_CACHE_SLOTS - 1));
+        PyObject* obj = di_int_objs[table][slot];
+        if (obj != NULL && di_int_vals[table][slot] == value) {
+            Py_INCREF(obj);
+            return obj;
+        }
+        obj = PyLong_FromLongLong(value);
+        if (obj == NULL) return NULL;
+        Py_XDECREF(di_int_objs[table][slot]);
+        Py_INCREF(obj);
+        di_int_objs[table][slot] = obj;
+        di_int_vals[table][slot] = value;
+        return obj;
+    }
+
     /* A 2-tuple of a tuple subclass, built the way CPython's tuple_subtype_new builds one.
        It holds only ints, so it can never be part of a cycle: untrack it from the GC as
        CPython does for such tuples, which keeps gen-0 collections cheap during big polls. */
     static PyObject* di_make_pair(PyObject* type, PyObject* first, long long second) {
         PyTypeObject* tp = (PyTypeObject*) type;
-        PyObject* item = PyLong_FromLongLong(second);
+        PyObject* item = di_cached_int(1, second);
         if (item == NULL) return NULL;
         PyObject* pair = tp->tp_alloc(tp, 2);
         if (pair == NULL) { Py_DECREF(item); return NULL; }
@@ -130,15 +156,18 @@ cdef extern from *:
 
     /* Sort positions (unique or not; ledgers >= 0, entries in [0, 2**32)). A poll's positions
        span few ledger bits, so each packs into one key (ledger - min) << entry_bits | entry,
-       and an LSD radix sort of the keys (11-bit digits, usually 2-3 passes) beats the
-       quicksort's mispredicted compares 3-4x; the positions are rebuilt from the sorted keys.
-       Falls back to the quicksort when the keys would not fit or memory is short. */
+       and an LSD radix sort of the keys beats the quicksort's mispredicted compares 3-4x; the
+       positions are rebuilt from the sorted keys. One read of the keys counts the digits of
+       every pass; a pass whose digit is the same for every key is skipped. Digits are 8 bits
+       below 4096 keys (a poll's 1000: clearing and summing 2048 counters per pass cost more
+       than the keys' own moves) and 11 bits above. Falls back to the quicksort when the keys
+       would not fit or memory is short. */
     static void di_sort_pos(DiPos* a, Py_ssize_t n) {
-        enum { DIGIT = 11 };
-        Py_ssize_t i, count[1 << DIGIT];
+        enum { MAX_PASSES = 8, SMALL_DIGIT = 8, LARGE_DIGIT = 11 };
+        Py_ssize_t i, p, *count, *counts;
         long long minl, maxl, mine, maxe;
-        unsigned long long *keys, *tmp, *src, *dst, lspan, emask;
-        int lbits, ebits, shift;
+        unsigned long long *keys, *tmp, *src, *dst, lspan, emask, dmask;
+        int lbits, ebits, bits, digit, passes;
         if (n <= 64) { di_qsort_pos(a, n); return; }
         minl = maxl = a[0].ledger;
         mine = maxe = a[0].entry;
@@ -152,21 +181,36 @@ cdef extern from *:
         lspan = (unsigned long long) maxl - (unsigned long long) minl;
         lbits = lspan ? 64 - __builtin_clzll(lspan) : 0;
         ebits = maxe ? 64 - __builtin_clzll((unsigned long long) maxe) : 0;
-        if (lbits + ebits > 64) { di_qsort_pos(a, n); return; }
+        bits = lbits + ebits;
+        digit = n < 4096 ? SMALL_DIGIT : LARGE_DIGIT;
+        passes = (bits + digit - 1) / digit;
+        if (bits > 64 || passes > MAX_PASSES) { di_qsort_pos(a, n); return; }
         keys = (unsigned long long*) malloc(2 * (size_t) n * sizeof(unsigned long long));
-        if (keys == NULL) { di_qsort_pos(a, n); return; }
+        counts = (Py_ssize_t*) calloc((size_t) (passes ? passes : 1) << digit, sizeof(Py_ssize_t));
+        if (keys == NULL || counts == NULL) {
+            free(keys); free(counts);
+            di_qsort_pos(a, n);
+            return;
+        }
+        dmask = (1ULL << digit) - 1;
         tmp = keys + n;
-        for (i = 0; i < n; i++)
-            keys[i] = ((unsigned long long) (a[i].ledger - minl) << ebits)
-                      | (unsigned long long) a[i].entry;
+        for (i = 0; i < n; i++) {
+            unsigned long long key = ((unsigned long long) (a[i].ledger - minl) << ebits)
+                                     | (unsigned long long) a[i].entry;
+            keys[i] = key;
+            for (p = 0; p < passes; p++) counts[(p << digit) + ((key >> (p * digit)) & dmask)]++;
+        }
         src = keys; dst = tmp;
-        for (shift = 0; shift < lbits + ebits; shift += DIGIT) {
+        for (p = 0; p < passes; p++) {
             unsigned long long* swap;
-            Py_ssize_t total = 0, c;
-            memset(count, 0, sizeof(count));
-            for (i = 0; i < n; i++) count[(src[i] >> shift) & ((1 << DIGIT) - 1)]++;
-            for (i = 0; i < (1 << DIGIT); i++) { c = count[i]; count[i] = total; total += c; }
-            for (i = 0; i < n; i++) dst[count[(src[i] >> shift) & ((1 << DIGIT) - 1)]++] = src[i];
+            Py_ssize_t total = 0, c, d;
+            int shift = (int) p * digit;
+            count = counts + (p << digit);
+            if (count[(src[0] >> shift) & dmask] == n) continue;  /* one digit: no moves */
+            for (d = 0; d <= (Py_ssize_t) dmask; d++) {
+                c = count[d]; count[d] = total; total += c;
+            }
+            for (i = 0; i < n; i++) dst[count[(src[i] >> shift) & dmask]++] = src[i];
             swap = src; src = dst; dst = swap;
         }
         emask = ebits ? (~0ULL >> (64 - ebits)) : 0;
@@ -175,6 +219,34 @@ cdef extern from *:
             a[i].entry = (long long) (src[i] & emask);
         }
         free(keys);
+        free(counts);
+    }
+
+    /* A list of ``type`` pairs (Position) of n positions sorted by position. */
+    static PyObject* di_positions(PyObject* type, const DiPos* a, Py_ssize_t n) {
+        PyObject* out = PyList_New(n);
+        PyObject* ledger = NULL;
+        PyObject* pair;
+        long long prev = 0;
+        Py_ssize_t i;
+        if (out == NULL) return NULL;
+        for (i = 0; i < n; i++) {
+            if (ledger == NULL || a[i].ledger != prev) {
+                Py_XDECREF(ledger);
+                prev = a[i].ledger;
+                ledger = di_cached_int(0, prev);
+                if (ledger == NULL) goto fail;
+            }
+            pair = di_make_pair(type, ledger, a[i].entry);
+            if (pair == NULL) goto fail;
+            PyList_SET_ITEM(out, i, pair);
+        }
+        Py_XDECREF(ledger);
+        return out;
+    fail:
+        Py_XDECREF(ledger);
+        Py_DECREF(out);  /* the unset items are NULL: list_dealloc skips them */
+        return NULL;
     }
     """
     ctypedef struct DiPos:
@@ -188,6 +260,7 @@ cdef extern from *:
     void di_sort_tle(DiTriple* a, Py_ssize_t n) nogil
     void di_sort_le(DiTriple* a, Py_ssize_t n) nogil
     object di_make_pair(object type, object first, long long second)
+    list di_positions(object type, const DiPos* a, Py_ssize_t n)
     tuple di_int_triple(long long a, long long b, long long c)
 
 # Delivery lateness counters (the rule: delayindex._lateness.bucket_of).
