@@ -79,8 +79,9 @@ class LoadingMixin:
         """Load bucket ``sid``'s next segments (lock held).
 
         Consecutive segments are read together until they hold :data:`LOAD_BATCH_INDEXES`
-        indexes: a realistic bucket's far-future tail is hundreds of one-index segments, and
-        one read per index would bound delivery by storage latency.
+        indexes (more while they are due already, :func:`load_batch_end`): a realistic
+        bucket's far-future tail is hundreds of one-index segments, and one read per index
+        would bound delivery by storage latency.
 
         Damage (a checksum or decode failure, a missing object) quarantines the bucket. A
         transient storage error moves the bucket's placeholder past the cutoff to its retry

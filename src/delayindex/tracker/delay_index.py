@@ -21,9 +21,10 @@ snapshot creation and deletion), a clock, a timer and a background executor:
   (``Catalog.apply_batch``). A change is acknowledged (the bucket becomes durable, or leaves the
   manifest) only after the write that makes it durable, and in the order the changes were made.
 * **Load**: ``poll`` stops at a due placeholder; the driver reads the next segments (up to
-  ``LOAD_BATCH_INDEXES``; the only load in flight, under the lock) and resumes. A storage error
-  moves that bucket's placeholder past the cutoff to its retry time (``load_retry_delay_ms``,
-  backing off per failure): its messages come late, never early, and no other bucket waits.
+  ``LOAD_BATCH_INDEXES``, more while they are due already; the only load in flight, under the
+  lock) and resumes. A storage error moves that bucket's placeholder past the cutoff to its
+  retry time (``load_retry_delay_ms``, backing off per failure): its messages come late, never
+  early, and no other bucket waits.
   Damage (checksum, decode, missing object) quarantines the bucket (``_damage``): its source
   leaves the merge, its positions stay tracked, the manifest records it, the object is kept.
 * **Merge**: when more than ``max_num_buckets`` buckets are sealed, up to four adjacent durable
