@@ -85,7 +85,7 @@ cdef class _Src:
         self.pos += 1
         if self.heap is not None:
             self.heap.cpop()
-        elif (self.pos & 7) == 0:
+        elif (self.pos & 7) == 0 and self.pos + 8 < self.n:
             DI_PREFETCH(&self.times[self.pos + 8])
             DI_PREFETCH(&self.ledgers[self.pos + 8])
             DI_PREFETCH(&self.entries[self.pos + 8])

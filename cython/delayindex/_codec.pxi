@@ -15,7 +15,7 @@
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport memcpy, memset
+from libc.string cimport memset
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 
 cdef extern from *:
@@ -264,7 +264,6 @@ def roaring_check_positions(const int64_t[:] ledgers not None, const uint8_t[::1
     cdef uint64_t* bitset = NULL
     cdef uint64_t* keys = NULL
     cdef uint64_t* scratch_keys = NULL
-    cdef int64_t* scratch = NULL
     cdef const uint8_t* base = block_base(blob, offsets, n)
     cards = np.zeros(n, dtype=np.int64)
     cdef int64_t[::1] vc = cards
@@ -324,13 +323,12 @@ def roaring_check_positions(const int64_t[:] ledgers not None, const uint8_t[::1
                     if keys == NULL:
                         keys = <uint64_t*> malloc(largest * sizeof(uint64_t))
                         scratch_keys = <uint64_t*> malloc(largest * sizeof(uint64_t))
-                        scratch = <int64_t*> malloc(4 * largest * sizeof(int64_t))
-                        if not (keys and scratch_keys and scratch):
+                        if not (keys and scratch_keys):
                             raise MemoryError()
                     for j in range(got):
                         keys[j] = buf[j]
-                    radix_sort(keys, scratch, scratch + largest, got, 32, scratch_keys,
-                               scratch + 2 * largest, scratch + 3 * largest)
+                    di_radix_sort_keys(<unsigned long long*> keys,
+                                       <unsigned long long*> scratch_keys, got, 0, 32)
                     for j in range(1, got):
                         if keys[j] == keys[j - 1]:
                             raise ValueError(
@@ -341,7 +339,6 @@ def roaring_check_positions(const int64_t[:] ledgers not None, const uint8_t[::1
         free(bitset)
         free(keys)
         free(scratch_keys)
-        free(scratch)
     return cards
 
 
@@ -446,39 +443,6 @@ cdef void radix_sort(uint64_t* keys, int64_t* ls, int64_t* es, Py_ssize_t n, int
         shift += RADIX_BITS
 
 
-cdef void radix_sort_keys(uint64_t* keys, uint64_t* tmp, Py_ssize_t n, int shift,
-                          int bits) noexcept nogil:
-    """Stable LSD sort of ``keys`` by their bits ``shift .. shift + bits`` (``tmp``: scratch
-    of size n); the sorted keys end in ``keys``."""
-    cdef Py_ssize_t i, j
-    cdef Py_ssize_t count[1 << RADIX_BITS]
-    cdef uint64_t k, mask = (1 << RADIX_BITS) - 1
-    cdef uint64_t* src = keys
-    cdef uint64_t* dst = tmp
-    cdef uint64_t* swap
-    cdef int end = shift + bits
-    while shift < end:
-        memset(count, 0, sizeof(count))
-        for i in range(n):
-            count[(src[i] >> shift) & mask] += 1
-        if count[(src[0] >> shift) & mask] != n:  # else every key has this digit: no moves
-            j = 0
-            for i in range(1 << RADIX_BITS):
-                k = count[i]
-                count[i] = j
-                j += k
-            for i in range(n):
-                k = (src[i] >> shift) & mask
-                dst[count[k]] = src[i]
-                count[k] += 1
-            swap = src
-            src = dst
-            dst = swap
-        shift += RADIX_BITS
-    if src != keys:
-        memcpy(keys, src, <size_t> n * sizeof(uint64_t))
-
-
 def read_varints(const uint8_t[::1] data not None, Py_ssize_t start, Py_ssize_t count):
     """Decode ``count`` unsigned LEB128 varints from ``data[start:]``.
 
@@ -523,7 +487,6 @@ cdef int check_distinct(const int64_t* slots, const uint32_t* entries, Py_ssize_
     cdef uint64_t* bitset = NULL
     cdef uint64_t* keys = NULL
     cdef uint64_t* scratch_keys = NULL
-    cdef int64_t* scratch = NULL
     cdef uint32_t low, high, value
     for i in range(n):
         if slots[i] < 0:
@@ -576,13 +539,12 @@ cdef int check_distinct(const int64_t* slots, const uint32_t* entries, Py_ssize_
                 if keys == NULL:
                     keys = <uint64_t*> malloc(max(n, 1) * sizeof(uint64_t))
                     scratch_keys = <uint64_t*> malloc(max(n, 1) * sizeof(uint64_t))
-                    scratch = <int64_t*> malloc(4 * max(n, 1) * sizeof(int64_t))
-                    if not (keys and scratch_keys and scratch):
+                    if not (keys and scratch_keys):
                         raise MemoryError()
                 for j in range(b - a):
                     keys[j] = grouped[a + j]
-                radix_sort(keys, scratch, scratch + n, b - a, 32, scratch_keys,
-                           scratch + 2 * n, scratch + 3 * n)
+                di_radix_sort_keys(<unsigned long long*> keys,
+                                   <unsigned long long*> scratch_keys, b - a, 0, 32)
                 for j in range(1, b - a):
                     if keys[j] == keys[j - 1]:
                         raise ValueError(f"entry {keys[j]} of a ledger is in two segments")
@@ -592,7 +554,6 @@ cdef int check_distinct(const int64_t* slots, const uint32_t* entries, Py_ssize_
         free(bitset)
         free(keys)
         free(scratch_keys)
-        free(scratch)
     return 0
 
 
@@ -766,7 +727,7 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
             if got != n:
                 raise ValueError(f"segment {s}: bitmap cardinality does not match the count")
             jbits = bit_length(<uint64_t> (n - 1))
-            if n > INSERTION_SORT_MAX and bits + jbits <= 64:
+            if bits + jbits <= 64:
                 # Sort (time << jbits | j) alone, by its time digits: 8 bytes moved per key and
                 # pass instead of the triple's 24, and j (the position order) breaks ties, so
                 # the order is the stable sort's. The positions are gathered once, by j.
@@ -775,7 +736,8 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
                     if key > <uint64_t> spans[s]:
                         raise ValueError(f"segment {s}: a packed time exceeds the span")
                     keys[j] = (key << jbits) | <uint64_t> j
-                radix_sort_keys(keys, sk, n, jbits, bits)
+                di_radix_sort_keys(<unsigned long long*> keys, <unsigned long long*> sk, n,
+                                   jbits, bits)
                 jmask = ((<uint64_t> 1) << jbits) - 1
                 if keys[0] >> jbits != 0 or keys[n - 1] >> jbits != <uint64_t> spans[s]:
                     raise ValueError(f"segment {s}: times do not span its metadata range")
@@ -786,6 +748,7 @@ def decode_segments(const uint8_t[::1] buffer not None, const int64_t[:] entry_l
                     ve[start + j] = es[i]
                 start += n
                 continue
+            # A span too wide for the packed keys: sort the (time, ledger, entry) columns.
             for j in range(n):
                 keys[j] = unpack_one(payload, <uint64_t> j * bits, bits) if bits else 0
                 if keys[j] > <uint64_t> spans[s]:

@@ -154,20 +154,52 @@ cdef extern from *:
         }
     }
 
+    /* Stable sort of n keys by their bits [shift, shift + bits), the bits below shift kept in
+       the order given: insertion sort up to 32 keys, else an LSD radix sort. Its digits are 8
+       bits below 4096 keys (a poll's 1000: clearing and summing 2048 counters per pass cost
+       more than the keys' own moves) and 11 bits above; a pass whose digit is the same for
+       every key moves nothing. tmp is scratch of n keys; the result is in keys. The one
+       keys-only sort of the module: positions (di_sort_pos), a segment's (time, index) keys
+       and the duplicate checks' entry ids. */
+    static void di_radix_sort_keys(unsigned long long* keys, unsigned long long* tmp,
+                                   Py_ssize_t n, int shift, int bits) {
+        Py_ssize_t i, j, count[1 << 11];
+        unsigned long long *src = keys, *dst = tmp, *swap, k, dmask;
+        int digit = n < 4096 ? 8 : 11, end = shift + bits;
+        if (n <= 32) {
+            for (i = 1; i < n; i++) {
+                k = keys[i];
+                for (j = i; j > 0 && (keys[j - 1] >> shift) > (k >> shift); j--)
+                    keys[j] = keys[j - 1];
+                keys[j] = k;
+            }
+            return;
+        }
+        dmask = (1ULL << digit) - 1;
+        for (; shift < end; shift += digit) {
+            Py_ssize_t total = 0, c, d;
+            memset(count, 0, sizeof(count));
+            for (i = 0; i < n; i++) count[(src[i] >> shift) & dmask]++;
+            if (count[(src[0] >> shift) & dmask] == n) continue;  /* one digit: no moves */
+            for (d = 0; d <= (Py_ssize_t) dmask; d++) {
+                c = count[d]; count[d] = total; total += c;
+            }
+            for (i = 0; i < n; i++) dst[count[(src[i] >> shift) & dmask]++] = src[i];
+            swap = src; src = dst; dst = swap;
+        }
+        if (src != keys) memcpy(keys, src, (size_t) n * sizeof(unsigned long long));
+    }
+
     /* Sort positions (unique or not; ledgers >= 0, entries in [0, 2**32)). A poll's positions
        span few ledger bits, so each packs into one key (ledger - min) << entry_bits | entry,
-       and an LSD radix sort of the keys beats the quicksort's mispredicted compares 3-4x; the
-       positions are rebuilt from the sorted keys. One read of the keys counts the digits of
-       every pass; a pass whose digit is the same for every key is skipped. Digits are 8 bits
-       below 4096 keys (a poll's 1000: clearing and summing 2048 counters per pass cost more
-       than the keys' own moves) and 11 bits above. Falls back to the quicksort when the keys
+       and the radix sort of the keys beats the quicksort's mispredicted compares 3-4x; the
+       positions are rebuilt from the sorted keys. Falls back to the quicksort when the keys
        would not fit or memory is short. */
     static void di_sort_pos(DiPos* a, Py_ssize_t n) {
-        enum { MAX_PASSES = 8, SMALL_DIGIT = 8, LARGE_DIGIT = 11 };
-        Py_ssize_t i, p, *count, *counts;
+        Py_ssize_t i;
         long long minl, maxl, mine, maxe;
-        unsigned long long *keys, *tmp, *src, *dst, lspan, emask, dmask;
-        int lbits, ebits, bits, digit, passes;
+        unsigned long long *keys, lspan, emask;
+        int lbits, ebits;
         if (n <= 64) { di_qsort_pos(a, n); return; }
         minl = maxl = a[0].ledger;
         mine = maxe = a[0].entry;
@@ -181,45 +213,19 @@ cdef extern from *:
         lspan = (unsigned long long) maxl - (unsigned long long) minl;
         lbits = lspan ? 64 - __builtin_clzll(lspan) : 0;
         ebits = maxe ? 64 - __builtin_clzll((unsigned long long) maxe) : 0;
-        bits = lbits + ebits;
-        digit = n < 4096 ? SMALL_DIGIT : LARGE_DIGIT;
-        passes = (bits + digit - 1) / digit;
-        if (bits > 64 || passes > MAX_PASSES) { di_qsort_pos(a, n); return; }
+        if (lbits + ebits > 64) { di_qsort_pos(a, n); return; }
         keys = (unsigned long long*) malloc(2 * (size_t) n * sizeof(unsigned long long));
-        counts = (Py_ssize_t*) calloc((size_t) (passes ? passes : 1) << digit, sizeof(Py_ssize_t));
-        if (keys == NULL || counts == NULL) {
-            free(keys); free(counts);
-            di_qsort_pos(a, n);
-            return;
-        }
-        dmask = (1ULL << digit) - 1;
-        tmp = keys + n;
-        for (i = 0; i < n; i++) {
-            unsigned long long key = ((unsigned long long) (a[i].ledger - minl) << ebits)
-                                     | (unsigned long long) a[i].entry;
-            keys[i] = key;
-            for (p = 0; p < passes; p++) counts[(p << digit) + ((key >> (p * digit)) & dmask)]++;
-        }
-        src = keys; dst = tmp;
-        for (p = 0; p < passes; p++) {
-            unsigned long long* swap;
-            Py_ssize_t total = 0, c, d;
-            int shift = (int) p * digit;
-            count = counts + (p << digit);
-            if (count[(src[0] >> shift) & dmask] == n) continue;  /* one digit: no moves */
-            for (d = 0; d <= (Py_ssize_t) dmask; d++) {
-                c = count[d]; count[d] = total; total += c;
-            }
-            for (i = 0; i < n; i++) dst[count[(src[i] >> shift) & dmask]++] = src[i];
-            swap = src; src = dst; dst = swap;
-        }
+        if (keys == NULL) { di_qsort_pos(a, n); return; }
+        for (i = 0; i < n; i++)
+            keys[i] = ((unsigned long long) (a[i].ledger - minl) << ebits)
+                      | (unsigned long long) a[i].entry;
+        di_radix_sort_keys(keys, keys + n, n, 0, lbits + ebits);
         emask = ebits ? (~0ULL >> (64 - ebits)) : 0;
         for (i = 0; i < n; i++) {
-            a[i].ledger = (long long) ((unsigned long long) minl + (src[i] >> ebits));
-            a[i].entry = (long long) (src[i] & emask);
+            a[i].ledger = (long long) ((unsigned long long) minl + (keys[i] >> ebits));
+            a[i].entry = (long long) (keys[i] & emask);
         }
         free(keys);
-        free(counts);
     }
 
     /* A list of ``type`` pairs (Position) of n positions sorted by position. */
@@ -253,6 +259,8 @@ cdef extern from *:
         long long ledger
         long long entry
     void di_sort_pos(DiPos* a, Py_ssize_t n) nogil
+    void di_radix_sort_keys(unsigned long long* keys, unsigned long long* tmp, Py_ssize_t n,
+                            int shift, int bits) nogil
     ctypedef struct DiTriple:
         long long time
         long long ledger
