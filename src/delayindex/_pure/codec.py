@@ -221,8 +221,11 @@ def decode_segments(
     out_l = np.repeat(batch_ledgers, cards)[order]
     out_e = values.astype(np.int64)[order]
     if slots is not None:
-        pairs = np.unique(np.stack([out_l, out_e]), axis=1)
-        if pairs.shape[1] != len(out_l):
+        # One sort of packed (slot, entry) keys: entries are 32-bit (roaring) and slots dense.
+        slot_of = np.repeat(np.asarray(slots, dtype=np.uint64)[first:last], cards)
+        pairs = (slot_of << np.uint64(32)) | values.astype(np.uint64)
+        pairs.sort()
+        if (pairs[1:] == pairs[:-1]).any():
             raise ValueError("an entry of a ledger is in two segments")
     offsets = np.zeros(n_seg + 1, dtype=np.int64)
     np.cumsum(n_per_seg, out=offsets[1:])
