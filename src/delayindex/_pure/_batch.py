@@ -257,8 +257,10 @@ def _pack_chunk(
         element_bits = np.repeat(bits, counts)
         first_bit = np.repeat(8 * at, counts) + _ragged_arange(counts) * element_bits
         words = offsets << (first_bit & 7).astype(np.uint64)
-        lanes = words.astype("<u8").view(np.uint8).reshape(-1, 8)
-        address = (first_bit >> 3)[:, None] + np.arange(8)
+        # Only the bytes a shifted value can reach: its bits lie below bits + 7.
+        reach = (int(bits.max()) + 14) // 8
+        lanes = words.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :reach]
+        address = (first_bit >> 3)[:, None] + np.arange(reach)
         total = np.bincount(address.ravel(), weights=lanes.ravel(), minlength=int(seg_bytes.sum()))
         raw = total[: int(seg_bytes.sum())].astype(np.uint8).tobytes()
     else:

@@ -25,6 +25,7 @@ from delayindex._pure._batch import (
     unpack_segments,
     write_groups,
 )
+from delayindex._sortkeys import pack_positions, stable_order, stable_order_int64
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -241,7 +242,7 @@ def _by_time_within_segments(
     width = int(keys.max()).bit_length() if len(keys) else 0
     if width + max(n_seg - 1, 0).bit_length() <= 64:
         composite = (seg_of.astype(np.uint64) << np.uint64(width)) | keys
-        return np.argsort(composite, kind="stable")
+        return stable_order(composite, width + max(n_seg - 1, 0).bit_length())
     return np.lexsort((keys, seg_of))
 
 
@@ -383,14 +384,15 @@ def _bitmaps(values: npt.NDArray[np.uint32], bounds: Int64Array) -> tuple[bytes,
 def _time_order(
     t: Int64Array, lg: Int64Array, en: Int64Array
 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp] | None]:
-    """The order by ``(time, ledger, entry)``, and (when ledger ids fit 32 bits) the order by
-    position it was made from: one sort of the packed positions, then one stable sort by time
-    (about 2.5x faster than a three-key lexsort)."""
-    if len(lg) and (int(lg.min()) < 0 or int(lg.max()) >= 2**32):
+    """The order by ``(time, ledger, entry)``, and (when positions pack into 64 bits) the order
+    by position it was made from: one sort of the packed positions, then one stable sort by
+    time (``_sortkeys``: each a plain sort of packed words when they fit, about 20x faster
+    than numpy's stable argsort)."""
+    packed = pack_positions(lg, en)
+    if packed is None:
         return np.lexsort((en, lg, t)), None
-    packed = (lg.astype(np.uint64) << np.uint64(32)) | en.astype(np.uint64)
-    by_position = np.argsort(packed, kind="stable")
-    return by_position[np.argsort(t[by_position], kind="stable")], by_position
+    by_position = stable_order(*packed)
+    return by_position[stable_order_int64(t[by_position])], by_position
 
 
 def _position_order_within_segments(
@@ -404,13 +406,12 @@ def _position_order_within_segments(
     if by_position is None:
         return np.lexsort((en, lg, seg_of))
     # Where each row went in the time order, taken in position order; then stably by segment
-    # (a radix sort when segment numbers fit 16 bits).
+    # (segment numbers are small: segment << bits | index words fit 64 bits).
     moved = np.empty(len(order), dtype=np.intp)
     moved[order] = np.arange(len(order))
     in_position_order = moved[by_position]
-    seg = seg_of[in_position_order]
-    narrow = seg.astype(np.uint16) if len(seg) and int(seg.max()) < 2**16 else seg
-    return in_position_order[np.argsort(narrow, kind="stable")]
+    seg = seg_of[in_position_order].astype(np.uint64)
+    return in_position_order[stable_order(seg)]
 
 
 def build_segments(

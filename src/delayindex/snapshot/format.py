@@ -27,6 +27,7 @@ from pyroaring import BitMap
 
 from delayindex import _impl
 from delayindex._cancelset import unpack_cancelled
+from delayindex._sortkeys import pack_positions
 from delayindex.model import MAX_ENTRY_ID, MAX_LEDGER_ID
 
 #: The metadata format written: 2 stores a bucket's bitmaps as one block (see
@@ -537,6 +538,18 @@ def cut_segments(
     return bounds
 
 
+def _has_duplicate_position(ledgers: Int64Array, entries: Int64Array) -> bool:
+    """Whether a position appears twice: one plain sort of packed positions, or a two-key
+    lexsort when they do not pack into 64 bits (ledger ids more than 2**32 apart)."""
+    packed = pack_positions(ledgers, entries)
+    if packed is None:
+        order = np.lexsort((entries, ledgers))
+        sorted_l, sorted_e = ledgers[order], entries[order]
+        return bool(np.any((sorted_l[1:] == sorted_l[:-1]) & (sorted_e[1:] == sorted_e[:-1])))
+    keys = np.sort(packed[0])
+    return bool(np.any(keys[1:] == keys[:-1]))
+
+
 def build_snapshot(
     times: Sequence[int] | Int64Array,
     ledgers: Sequence[int] | Int64Array,
@@ -592,11 +605,8 @@ def build_snapshot(
         raise ValueError(
             f"max_indexes_per_segment must be >= 1 or -1, got {max_indexes_per_segment}"
         )
-    if validate:
-        by_position = np.lexsort((en, lg))
-        sorted_l, sorted_e = lg[by_position], en[by_position]
-        if np.any((sorted_l[1:] == sorted_l[:-1]) & (sorted_e[1:] == sorted_e[:-1])):
-            raise ValueError("the same position appears twice")
+    if validate and _has_duplicate_position(lg, en):
+        raise ValueError("the same position appears twice")
     built = _impl.build_segments(t, lg, en, max_time_step_ms, max_indexes_per_segment)
     t, lg, en, mins, maxs, counts, offsets, seg_ledgers, blob, bitmap_offsets, packed = built
     block = BitmapBlock(blob, bitmap_offsets)
