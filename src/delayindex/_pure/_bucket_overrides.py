@@ -1,5 +1,5 @@
-"""Cancel and reschedule for the pure ``BucketCore`` (a mixin; the native twin has them inline
-in ``cython/delayindex/_bucket.pxi``, whose header explains the design).
+"""Cancel and reschedule for the pure ``BucketCore`` (a mixin; the native twin's are in
+``cython/delayindex/_bucket_overrides.pxi``; ``_bucket.pxi``'s header explains the design).
 
 ``cancel`` untracks (copies are skipped on pop like any untracked one) and records the position
 in ``_cancelled`` (a later add is refused, code 5). ``reschedule`` untracks as a due re-add does

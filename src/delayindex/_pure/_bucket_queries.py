@@ -1,5 +1,5 @@
 """Read-only queries over the pure ``BucketCore``'s dedup index (a mixin; the native twin has
-them inline in ``cython/delayindex/_bucket.pxi``)."""
+them in ``cython/delayindex/_bucket_state.pxi``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Recovery's restores into the pure ``BucketCore``'s dedup index (a mixin; the native twin has
-them inline in ``cython/delayindex/_bucket.pxi``).
+them in ``cython/delayindex/_bucket_state.pxi``).
 
 ``restore_block`` is recovery's path: a snapshot's live bitmaps go straight into the index, each
 position new (the block's ledgers hold nothing yet), and a damaged block leaves its ledger span

@@ -1,4 +1,4 @@
-"""The time state both pure cores share (twin of the same code in ``_core.pxi``/``_bucket.pxi``):
+"""The time state both pure cores share (twin of ``_core.pxi`` and ``_bucket_state.pxi``):
 the tick, the cutoff (the rule itself is :func:`delayindex.policy.cutoff_ms`), and Pulsar's
 fixed-delay detection (§1.6 of the notes)."""
 
