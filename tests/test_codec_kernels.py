@@ -805,6 +805,36 @@ def test_build_segments(groups: list[tuple[int, int, list[int]]], step: int, max
     assert np.all(maxs - mins <= step - 1)
 
 
+@pytest.mark.parametrize(
+    ("time_span", "ledger_low", "ledger_span", "entry_max"),
+    [
+        (2**20, 0, 2**4, 2**16),  # a realistic bucket: the triples pack into one key
+        (2**40, 7, 2**8, 2**16 - 1),  # exactly 64 bits with the entries
+        (2**62, 0, 2**10, 2**32 - 1),  # too wide to pack: the quicksort
+        (2**30, 2**62, 2**40, 2**20),  # large ledger ids, a wide ledger span
+    ],
+)
+def test_build_segments_packed_and_wide_sorts_agree(
+    time_span: int, ledger_low: int, ledger_span: int, entry_max: int
+) -> None:
+    """Above 64 triples the native build sorts packed keys when the fields fit 64 bits, else
+    the quicksort: both twins, each width, the same bytes (negative times included)."""
+    rng = np.random.default_rng(time_span ^ ledger_span)
+    n = 3000
+    ledgers = ledger_low + rng.integers(0, ledger_span, n, dtype=np.int64)
+    entries = rng.integers(0, entry_max, n, dtype=np.int64, endpoint=True)
+    keep = np.unique(np.stack([ledgers, entries]), axis=1, return_index=True)[1]
+    ledgers, entries = ledgers[np.sort(keep)], entries[np.sort(keep)]
+    times = -(time_span // 2) + rng.integers(0, time_span, len(ledgers), dtype=np.int64)
+    times[:40] = times[40]  # equal times: the order falls to the positions
+    for step, max_per in ((2**62, -1), (max(time_span // 16, 1), 500)):
+        out = _ok("build_segments", times, ledgers, entries, step, max_per)
+        order = np.lexsort((entries, ledgers, times))
+        np.testing.assert_array_equal(out[0], times[order])
+        np.testing.assert_array_equal(out[1], ledgers[order])
+        np.testing.assert_array_equal(out[2], entries[order])
+
+
 def test_build_segments_rejects_a_repeated_position() -> None:
     cols = [np.array(c, dtype=np.int64) for c in ([5, 5], [1, 1], [9, 9])]
     _rejected("build_segments", *cols, 10, -1)

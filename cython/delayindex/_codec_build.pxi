@@ -171,9 +171,8 @@ def build_segments(const int64_t[:] times not None, const int64_t[:] ledgers not
     cdef int64_t* pack_info = NULL       # per segment: packed offset, packed size
     cdef GrowBuf bm_buf, pack_buf
     cdef int64_t upper, base, span
-    cdef int bits, bb, failed = 0
+    cdef int bits, failed = 0
     cdef int64_t dup_ledger = 0, dup_entry = 0
-    cdef uint64_t v, bitpos
     cdef uint8_t* dst
     cdef int64_t[:, ::1] info_view, pieces_view
     cdef int64_t[::1] bitmap_offsets_view
@@ -206,7 +205,7 @@ def build_segments(const int64_t[:] times not None, const int64_t[:] ledgers not
             all_[i].ledger = ledgers[i]
             all_[i].entry = entries[i]
         with nogil:
-            di_sort_tle(all_, n)
+            di_sort_triples(all_, n, 1)
             for i in range(n):
                 vt[i] = all_[i].time
                 vl[i] = all_[i].ledger
@@ -225,7 +224,7 @@ def build_segments(const int64_t[:] times not None, const int64_t[:] ledgers not
                 span = all_[b - 1].time - base
                 for i in range(b - a):
                     seg[i] = all_[a + i]
-                di_sort_le(seg, b - a)
+                di_sort_triples(seg, b - a, 0)
                 g = 0
                 while g < b - a:
                     k = g
@@ -249,18 +248,12 @@ def build_segments(const int64_t[:] times not None, const int64_t[:] ledgers not
                     g = k
                 bits = bit_length(<uint64_t> span)
                 size = ((b - a) * bits + 7) // 8
-                dst = grow_buf(&pack_buf, size)
+                dst = grow_buf(&pack_buf, size + 8)  # di_pack_times writes 8-byte words
                 if dst == NULL:
                     failed = 2
                     break
-                memset(dst, 0, size)
-                bitpos = 0
-                for i in range(b - a):
-                    v = <uint64_t> (seg[i].time - base)
-                    for bb in range(bits):
-                        if (v >> bb) & 1:
-                            dst[(bitpos + bb) >> 3] |= <uint8_t> (1 << ((bitpos + bb) & 7))
-                    bitpos += bits
+                memset(dst, 0, size + 8)
+                di_pack_times(dst, seg, b - a, base, bits)
                 pack_info[2 * n_seg] = <int64_t> pack_buf.size
                 pack_info[2 * n_seg + 1] = size
                 pack_buf.size += size

@@ -127,6 +127,33 @@ cdef extern from *:
     DI_DEFINE_SORT(di_sort_tle, di_tle_lt)
     DI_DEFINE_SORT(di_sort_le, di_le_lt)
 
+    /* Bit-pack each triple's (time - base) in `bits` bits, LSB first, back to back (the
+       segment format's packed times). `dst` must be zeroed and hold 8 bytes past the packed
+       size: on a little-endian machine a value of at most 57 bits, shifted to its first bit's
+       place, is OR-ed in as one unaligned 64-bit word instead of bit by bit. */
+    static void di_pack_times(uint8_t* dst, const DiTriple* seg, Py_ssize_t n,
+                              long long base, int bits) {
+        uint64_t bitpos = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t v = (uint64_t)seg[i].time - (uint64_t)base;
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+            if (bits <= 57) {
+                uint64_t w;
+                uint8_t* p = dst + (bitpos >> 3);
+                memcpy(&w, p, 8);
+                w |= v << (bitpos & 7);
+                memcpy(p, &w, 8);
+                bitpos += (uint64_t)bits;
+                continue;
+            }
+    #endif
+            for (int b = 0; b < bits; b++) {
+                if ((v >> b) & 1) dst[(bitpos + b) >> 3] |= (uint8_t)(1u << ((bitpos + b) & 7));
+            }
+            bitpos += (uint64_t)bits;
+        }
+    }
+
     static void di_qsort_pos(DiPos* a, Py_ssize_t n) {
         while (n > 16) {
             Py_ssize_t i = 0, j = n - 1, mid = n / 2;
@@ -159,8 +186,8 @@ cdef extern from *:
        bits below 4096 keys (a poll's 1000: clearing and summing 2048 counters per pass cost
        more than the keys' own moves) and 11 bits above; a pass whose digit is the same for
        every key moves nothing. tmp is scratch of n keys; the result is in keys. The one
-       keys-only sort of the module: positions (di_sort_pos), a segment's (time, index) keys
-       and the duplicate checks' entry ids. */
+       keys-only sort of the module: positions (di_sort_pos), a segment's (time, index) keys,
+       the duplicate checks' entry ids and the build's packed triples (di_sort_triples). */
     static void di_radix_sort_keys(unsigned long long* keys, unsigned long long* tmp,
                                    Py_ssize_t n, int shift, int bits) {
         Py_ssize_t i, j, count[1 << 11];
@@ -228,6 +255,82 @@ cdef extern from *:
         free(keys);
     }
 
+    static inline unsigned long long di_shl(unsigned long long v, int s) {
+        return s >= 64 ? 0 : v << s;
+    }
+
+    static inline unsigned long long di_shr(unsigned long long v, int s) {
+        return s >= 64 ? 0 : v >> s;
+    }
+
+    static inline unsigned long long di_low_mask(int bits) {
+        return bits ? ~0ULL >> (64 - bits) : 0;
+    }
+
+    /* Sort triples by (time, ledger, entry) (by_time) or by (ledger, entry, time) (else: the
+       order by position when positions are distinct). A bucket's triples span few bits of
+       each field, so each triple packs whole into one key (its fields less their minimums, in
+       sort order) and the radix sort of the keys beats the quicksort's mispredicted three-way
+       compares; the triples are rebuilt from the sorted keys. Falls back to the quicksort
+       (di_sort_tle or di_sort_le) when the keys would not fit 64 bits, an id is negative or
+       memory is short. */
+    static void di_sort_triples(DiTriple* a, Py_ssize_t n, int by_time) {
+        Py_ssize_t i;
+        long long mint, maxt, minl, maxl, maxe;
+        unsigned long long *keys, k, tmask, lmask, emask;
+        int tbits, lbits, ebits, negative = 0;
+        if (n > 64) {
+            mint = maxt = a[0].time;
+            minl = maxl = a[0].ledger;
+            maxe = a[0].entry;
+            for (i = 0; i < n; i++) {
+                if (a[i].time < mint) mint = a[i].time;
+                if (a[i].time > maxt) maxt = a[i].time;
+                if (a[i].ledger < minl) minl = a[i].ledger;
+                if (a[i].ledger > maxl) maxl = a[i].ledger;
+                if (a[i].entry > maxe) maxe = a[i].entry;
+                if (a[i].entry < 0) negative = 1;
+            }
+            k = (unsigned long long) maxt - (unsigned long long) mint;
+            tbits = k ? 64 - __builtin_clzll(k) : 0;
+            k = (unsigned long long) maxl - (unsigned long long) minl;
+            lbits = k ? 64 - __builtin_clzll(k) : 0;
+            ebits = maxe > 0 ? 64 - __builtin_clzll((unsigned long long) maxe) : 0;
+            keys = (negative || minl < 0 || tbits + lbits + ebits > 64) ? NULL
+                : (unsigned long long*) malloc(2 * (size_t) n * sizeof(unsigned long long));
+            if (keys != NULL) {
+                tmask = di_low_mask(tbits);
+                lmask = di_low_mask(lbits);
+                emask = di_low_mask(ebits);
+                for (i = 0; i < n; i++) {
+                    unsigned long long t = (unsigned long long) a[i].time
+                                           - (unsigned long long) mint;
+                    unsigned long long l = (unsigned long long) (a[i].ledger - minl);
+                    unsigned long long e = (unsigned long long) a[i].entry;
+                    keys[i] = by_time ? di_shl(t, lbits + ebits) | di_shl(l, ebits) | e
+                                      : di_shl(l, ebits + tbits) | di_shl(e, tbits) | t;
+                }
+                di_radix_sort_keys(keys, keys + n, n, 0, tbits + lbits + ebits);
+                for (i = 0; i < n; i++) {
+                    k = keys[i];
+                    if (by_time) {
+                        a[i].time = (long long) ((unsigned long long) mint
+                                                 + di_shr(k, lbits + ebits));
+                        a[i].ledger = minl + (long long) (di_shr(k, ebits) & lmask);
+                        a[i].entry = (long long) (k & emask);
+                    } else {
+                        a[i].ledger = minl + (long long) di_shr(k, ebits + tbits);
+                        a[i].entry = (long long) (di_shr(k, tbits) & emask);
+                        a[i].time = (long long) ((unsigned long long) mint + (k & tmask));
+                    }
+                }
+                free(keys);
+                return;
+            }
+        }
+        if (by_time) di_sort_tle(a, n); else di_sort_le(a, n);
+    }
+
     /* A list of ``type`` pairs (Position) of n positions sorted by position. */
     static PyObject* di_positions(PyObject* type, const DiPos* a, Py_ssize_t n) {
         PyObject* out = PyList_New(n);
@@ -267,6 +370,9 @@ cdef extern from *:
         long long entry
     void di_sort_tle(DiTriple* a, Py_ssize_t n) nogil
     void di_sort_le(DiTriple* a, Py_ssize_t n) nogil
+    void di_pack_times(uint8_t* dst, const DiTriple* seg, Py_ssize_t n, long long base,
+                       int bits) nogil
+    void di_sort_triples(DiTriple* a, Py_ssize_t n, int by_time) nogil
     object di_make_pair(object type, object first, long long second)
     list di_positions(object type, const DiPos* a, Py_ssize_t n)
     tuple di_int_triple(long long a, long long b, long long c)
