@@ -564,7 +564,7 @@ def build_snapshot(
     """Sort the indexes, cut them into segments and describe them.
 
     The work is one native pass (``build_segments``): sorting, the cut, each segment's
-    per-ledger bitmaps and its packed times, so a 50 000-index bucket builds in about 10 ms.
+    per-ledger bitmaps and its packed times, so a 50 000-index bucket builds in about 2.5 ms.
 
     Args:
         times, ledgers, entries: the bucket's indexes, any order, equal lengths, at least one.
