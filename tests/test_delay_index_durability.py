@@ -142,3 +142,27 @@ def test_backpressure_clears_when_the_failed_write_is_retried() -> None:
         assert index.stats()["blocked_on_persistence"] is False
         status = storage.read_manifest("dur").writer_status
         assert status is not None and status.unpersisted == 1  # recorded by the retry's commit
+
+
+def test_memory_usage_counts_the_metadata_the_storage_caches_after_a_reopen() -> None:
+    """Recovery leaves each bucket's decoded metadata in the storage's read cache:
+    ``memory_usage_bytes()`` counts it (``stats()["metadata_cache_bytes"]``), and without the
+    cache (``metadata_cache_size=0``) the estimate is smaller by exactly that."""
+    usage: dict[int, tuple[int, int]] = {}
+    for cache_size in (128, 0):
+        clock, storage = ManualClock(T0), MemoryStorage(metadata_cache_size=cache_size)
+        with _open(storage, clock) as index:
+            for ledger in range(1, 6):
+                index.add_many([ledger] * 50, list(range(50)), [DUE + e for e in range(50)])
+            index.flush()
+            assert index.stats()["metadata_cache_bytes"] == 0  # writing caches nothing
+        with _open(storage, clock) as index:
+            ids = [b.snapshot_id for b in index.buckets() if b.snapshot_id is not None]
+            assert len(ids) == 4  # ledgers 1-4 sealed; ledger 5 is the mutable bucket
+            cached = index.stats()["metadata_cache_bytes"]
+            usage[cache_size] = (index.memory_usage_bytes(), cached)
+            if cache_size:
+                assert cached == sum(storage.get_metadata(i).nbytes for i in ids) > 0
+            else:
+                assert cached == 0
+    assert usage[128][0] - usage[0][0] == usage[128][1]

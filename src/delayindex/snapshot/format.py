@@ -310,6 +310,17 @@ class SnapshotMetadata:
         return int(self.counts.sum())
 
     @property
+    def nbytes(self) -> int:
+        """Bytes its columns, bitmap block and folded cancels hold (what a cache of it costs)."""
+        columns = (self.mins, self.maxs, self.counts, self.ledger_offsets, self.ledgers)
+        return (
+            sum(c.nbytes for c in columns)
+            + len(self.block.blob)
+            + self.block.offsets.nbytes
+            + len(self.folded_cancels)
+        )
+
+    @property
     def num_segments(self) -> int:
         """Segments in the snapshot (numbered 1..num_segments)."""
         return len(self.counts)

@@ -17,7 +17,7 @@ header on.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -129,6 +129,16 @@ class ObjectsMixin(RawStorage):
             check_metadata_bitmaps(metadata, src.where)
         self._remember(self._cache, src.key, (src.fingerprint, metadata, check_bitmaps))
         return metadata
+
+    def cached_metadata_bytes(self, snapshot_ids: Collection[str]) -> int:
+        """Bytes of decoded metadata this storage keeps cached for ``snapshot_ids``.
+
+        The read cache (``metadata_cache_size`` entries, least recently used out first) holds
+        each object's metadata, bitmaps included, from its first read (a recovery, a segment
+        load) so that later segment loads skip decoding it again.
+        """
+        with self._state_lock:
+            return sum(entry[1].nbytes for key, entry in self._cache.items() if key in snapshot_ids)
 
     def _forget(self, key: str) -> None:
         if self._readahead is not None:

@@ -128,6 +128,7 @@ class StatsMixin:
                 blocked_on_persistence=self._config.pause_on_unpersisted
                 and self._unpersisted() > self._config.max_unpersisted_indexes,
                 memory_bytes=int(self._core.memory_bytes()),
+                metadata_cache_bytes=self._metadata_cache_bytes(),
                 ops={k: v.as_dict() for k, v in self._ops.items()},
                 warnings=list(self._warnings),
                 storage_problems=self._catalog.problems(),
@@ -201,12 +202,22 @@ class StatsMixin:
             return [b.info() for b in sorted(self._buckets.values(), key=lambda b: b.start)]
 
     def memory_usage_bytes(self) -> int:
-        """Resident estimate: heaps, loaded segments, bitmaps and per-bucket bookkeeping."""
+        """Resident estimate: heaps, loaded segments, bitmaps, per-bucket bookkeeping, and the
+        decoded metadata of this index's snapshots that the storage keeps cached
+        (``stats()["metadata_cache_bytes"]``)."""
         with self._lock:
-            total = int(self._core.memory_bytes())
+            total = int(self._core.memory_bytes()) + self._metadata_cache_bytes()
             for b in self._buckets.values():
                 total += 200 + b.mins.nbytes + b.bounds.nbytes
             return total
+
+    def _metadata_cache_bytes(self) -> int:
+        """Bytes of this index's snapshot metadata in the storage's read cache (lock held); 0
+        for a storage without that cache. After a reopen it holds every bucket's metadata,
+        bitmaps included (about 5 B per indexed message at 10 M), until evicted."""
+        measure = getattr(self._storage, "cached_metadata_bytes", None)
+        ids = {b.snapshot_id for b in self._buckets.values() if b.snapshot_id is not None}
+        return int(measure(ids)) if measure is not None and ids else 0
 
     def _check(self) -> None:
         """Assert the invariants of the core and of the bucket table (tests call this)."""
