@@ -161,6 +161,7 @@ def test_memory_usage_counts_the_metadata_the_storage_caches_after_a_reopen() ->
             assert len(ids) == 4  # ledgers 1-4 sealed; ledger 5 is the mutable bucket
             cached = index.stats()["metadata_cache_bytes"]
             usage[cache_size] = (index.memory_usage_bytes(), cached)
+            assert index.stats()["memory_bytes"] == usage[cache_size][0]  # the metric's value
             if cache_size:
                 assert cached == sum(storage.get_metadata(i).nbytes for i in ids) > 0
             else:

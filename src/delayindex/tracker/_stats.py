@@ -127,7 +127,7 @@ class StatsMixin:
                 unpersisted=self._unpersisted(),
                 blocked_on_persistence=self._config.pause_on_unpersisted
                 and self._unpersisted() > self._config.max_unpersisted_indexes,
-                memory_bytes=int(self._core.memory_bytes()),
+                memory_bytes=self._memory_bytes(),  # as memory_usage_bytes(), and the metric
                 metadata_cache_bytes=self._metadata_cache_bytes(),
                 ops={k: v.as_dict() for k, v in self._ops.items()},
                 warnings=list(self._warnings),
@@ -206,10 +206,14 @@ class StatsMixin:
         decoded metadata of this index's snapshots that the storage keeps cached
         (``stats()["metadata_cache_bytes"]``)."""
         with self._lock:
-            total = int(self._core.memory_bytes()) + self._metadata_cache_bytes()
-            for b in self._buckets.values():
-                total += 200 + b.mins.nbytes + b.bounds.nbytes
-            return total
+            return self._memory_bytes()
+
+    def _memory_bytes(self) -> int:
+        """:meth:`memory_usage_bytes` (lock held)."""
+        total = int(self._core.memory_bytes()) + self._metadata_cache_bytes()
+        for b in self._buckets.values():
+            total += 200 + b.mins.nbytes + b.bounds.nbytes
+        return total
 
     def _metadata_cache_bytes(self) -> int:
         """Bytes of this index's snapshot metadata in the storage's read cache (lock held); 0
