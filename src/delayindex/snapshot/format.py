@@ -551,7 +551,7 @@ def cut_segments(
 
 def _has_duplicate_position(ledgers: Int64Array, entries: Int64Array) -> bool:
     """Whether a position appears twice: one plain sort of packed positions, or a two-key
-    lexsort when they do not pack into 64 bits (ledger ids more than 2**32 apart)."""
+    lexsort when they do not pack (the ledgers' span and the entry ids need over 64 bits)."""
     packed = pack_positions(ledgers, entries)
     if packed is None:
         order = np.lexsort((entries, ledgers))
