@@ -348,30 +348,21 @@ def pack_times(const int64_t[:] times not None, int64_t base, int64_t span):
     Every ``times[i] - base`` must lie in ``[0, span]`` (ValueError otherwise).
     """
     cdef Py_ssize_t n = times.shape[0], i, nbytes
-    cdef int bits, b
-    cdef uint64_t v, bitpos
+    cdef int bits
     cdef uint8_t* buf
     if span < 0:
         raise ValueError("span must be >= 0")
     bits = bit_length(<uint64_t> span)
-    nbytes = (n * bits + 7) // 8
-    out = bytearray(nbytes)
-    if nbytes == 0:
-        for i in range(n):
-            if times[i] != base:
-                raise ValueError(f"time {times[i]} outside [{base}, {base}]")
-        return bytes(out)
-    buf = out
-    bitpos = 0
     for i in range(n):
-        v = <uint64_t> (times[i] - base)
-        if times[i] < base or v > <uint64_t> span:
+        if times[i] < base or <uint64_t> times[i] - <uint64_t> base > <uint64_t> span:
             raise ValueError(f"time {times[i]} outside [{base}, {base + span}]")
-        for b in range(bits):
-            if (v >> b) & 1:
-                buf[(bitpos + b) >> 3] |= <uint8_t> (1 << ((bitpos + b) & 7))
-        bitpos += bits
-    return bytes(out)
+    nbytes = (n * bits + 7) // 8
+    out = bytearray(nbytes + 8)  # zeroed, with the 8 bytes di_pack_bits may touch past the end
+    buf = out
+    cdef const int64_t[::1] flat = np.ascontiguousarray(times, dtype=np.int64)
+    if nbytes:
+        di_pack_bits(buf, <const long long*> &flat[0], 1, n, base, bits)
+    return PyBytes_FromStringAndSize(<char*> buf, nbytes)
 
 
 cdef inline uint64_t unpack_one(const uint8_t* buf, uint64_t bitpos, int bits) noexcept nogil:

@@ -248,12 +248,12 @@ def build_segments(const int64_t[:] times not None, const int64_t[:] ledgers not
                     g = k
                 bits = bit_length(<uint64_t> span)
                 size = ((b - a) * bits + 7) // 8
-                dst = grow_buf(&pack_buf, size + 8)  # di_pack_times writes 8-byte words
+                dst = grow_buf(&pack_buf, size + 8)  # di_pack_bits writes 8-byte words
                 if dst == NULL:
                     failed = 2
                     break
                 memset(dst, 0, size + 8)
-                di_pack_times(dst, seg, b - a, base, bits)
+                di_pack_bits(dst, &seg[0].time, 3, b - a, base, bits)  # a triple: 3 int64
                 pack_info[2 * n_seg] = <int64_t> pack_buf.size
                 pack_info[2 * n_seg + 1] = size
                 pack_buf.size += size

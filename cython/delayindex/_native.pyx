@@ -127,15 +127,16 @@ cdef extern from *:
     DI_DEFINE_SORT(di_sort_tle, di_tle_lt)
     DI_DEFINE_SORT(di_sort_le, di_le_lt)
 
-    /* Bit-pack each triple's (time - base) in `bits` bits, LSB first, back to back (the
-       segment format's packed times). `dst` must be zeroed and hold 8 bytes past the packed
-       size: on a little-endian machine a value of at most 57 bits, shifted to its first bit's
-       place, is OR-ed in as one unaligned 64-bit word instead of bit by bit. */
-    static void di_pack_times(uint8_t* dst, const DiTriple* seg, Py_ssize_t n,
-                              long long base, int bits) {
+    /* Bit-pack times[i * stride] - base (i < n) in `bits` bits each, LSB first, back to
+       back: the segment format's packed times (pack_times, and build_segments from its
+       triples with stride 3). `dst` must be zeroed and hold 8 bytes past the packed size: on
+       a little-endian machine a value of at most 57 bits, shifted to its first bit's place,
+       is OR-ed in as one unaligned 64-bit word instead of bit by bit. */
+    static void di_pack_bits(uint8_t* dst, const long long* times, Py_ssize_t stride,
+                             Py_ssize_t n, long long base, int bits) {
         uint64_t bitpos = 0;
         for (Py_ssize_t i = 0; i < n; i++) {
-            uint64_t v = (uint64_t)seg[i].time - (uint64_t)base;
+            uint64_t v = (uint64_t)times[i * stride] - (uint64_t)base;
     #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
             if (bits <= 57) {
                 uint64_t w;
@@ -152,6 +153,11 @@ cdef extern from *:
             }
             bitpos += (uint64_t)bits;
         }
+    }
+
+    /* Bits needed for v (0 for 0). */
+    static inline int di_bits(unsigned long long v) {
+        return v ? 64 - __builtin_clzll(v) : 0;
     }
 
     static void di_qsort_pos(DiPos* a, Py_ssize_t n) {
@@ -238,8 +244,8 @@ cdef extern from *:
         }
         if (minl < 0 || mine < 0 || maxe > 0xFFFFFFFFLL) { di_qsort_pos(a, n); return; }
         lspan = (unsigned long long) maxl - (unsigned long long) minl;
-        lbits = lspan ? 64 - __builtin_clzll(lspan) : 0;
-        ebits = maxe ? 64 - __builtin_clzll((unsigned long long) maxe) : 0;
+        lbits = di_bits(lspan);
+        ebits = di_bits((unsigned long long) maxe);
         if (lbits + ebits > 64) { di_qsort_pos(a, n); return; }
         keys = (unsigned long long*) malloc(2 * (size_t) n * sizeof(unsigned long long));
         if (keys == NULL) { di_qsort_pos(a, n); return; }
@@ -291,11 +297,9 @@ cdef extern from *:
                 if (a[i].entry > maxe) maxe = a[i].entry;
                 if (a[i].entry < 0) negative = 1;
             }
-            k = (unsigned long long) maxt - (unsigned long long) mint;
-            tbits = k ? 64 - __builtin_clzll(k) : 0;
-            k = (unsigned long long) maxl - (unsigned long long) minl;
-            lbits = k ? 64 - __builtin_clzll(k) : 0;
-            ebits = maxe > 0 ? 64 - __builtin_clzll((unsigned long long) maxe) : 0;
+            tbits = di_bits((unsigned long long) maxt - (unsigned long long) mint);
+            lbits = di_bits((unsigned long long) maxl - (unsigned long long) minl);
+            ebits = di_bits((unsigned long long) maxe);
             keys = (negative || minl < 0 || tbits + lbits + ebits > 64) ? NULL
                 : (unsigned long long*) malloc(2 * (size_t) n * sizeof(unsigned long long));
             if (keys != NULL) {
@@ -368,10 +372,8 @@ cdef extern from *:
         long long time
         long long ledger
         long long entry
-    void di_sort_tle(DiTriple* a, Py_ssize_t n) nogil
-    void di_sort_le(DiTriple* a, Py_ssize_t n) nogil
-    void di_pack_times(uint8_t* dst, const DiTriple* seg, Py_ssize_t n, long long base,
-                       int bits) nogil
+    void di_pack_bits(uint8_t* dst, const long long* times, Py_ssize_t stride, Py_ssize_t n,
+                      long long base, int bits) nogil
     void di_sort_triples(DiTriple* a, Py_ssize_t n, int by_time) nogil
     object di_make_pair(object type, object first, long long second)
     list di_positions(object type, const DiPos* a, Py_ssize_t n)

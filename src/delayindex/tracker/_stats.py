@@ -98,6 +98,7 @@ class StatsMixin:
         """
         with self._lock:
             out: dict[str, Any] = dict(self._core.counters())
+            cached = self._metadata_cache_bytes()
             states = [b.state for b in self._buckets.values()]
             problems = self._problems()
             quarantined = [
@@ -127,8 +128,8 @@ class StatsMixin:
                 unpersisted=self._unpersisted(),
                 blocked_on_persistence=self._config.pause_on_unpersisted
                 and self._unpersisted() > self._config.max_unpersisted_indexes,
-                memory_bytes=self._memory_bytes(),  # as memory_usage_bytes(), and the metric
-                metadata_cache_bytes=self._metadata_cache_bytes(),
+                memory_bytes=self._memory_bytes(cached),  # memory_usage_bytes(); the metric
+                metadata_cache_bytes=cached,
                 ops={k: v.as_dict() for k, v in self._ops.items()},
                 warnings=list(self._warnings),
                 storage_problems=self._catalog.problems(),
@@ -208,9 +209,12 @@ class StatsMixin:
         with self._lock:
             return self._memory_bytes()
 
-    def _memory_bytes(self) -> int:
-        """:meth:`memory_usage_bytes` (lock held)."""
-        total = int(self._core.memory_bytes()) + self._metadata_cache_bytes()
+    def _memory_bytes(self, cached: int | None = None) -> int:
+        """:meth:`memory_usage_bytes` (lock held); ``cached``: :meth:`_metadata_cache_bytes`
+        when the caller has it already."""
+        if cached is None:
+            cached = self._metadata_cache_bytes()
+        total = int(self._core.memory_bytes()) + cached
         for b in self._buckets.values():
             total += 200 + b.mins.nbytes + b.bounds.nbytes
         return total
