@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import event
+from hypothesis import event, given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from pyroaring import BitMap
@@ -509,3 +509,39 @@ def test_restore_many_twins_agree_and_check_the_offsets() -> None:
             with pytest.raises(ValueError, match="offsets"):
                 core.restore_many(ledgers, np.array(bad, dtype=np.int64), entries)
         assert len(core) == 5
+
+
+@given(
+    tracked=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 300)), max_size=60),
+    queried=st.lists(
+        st.tuples(st.sampled_from([0, 1, 7, 40, 2**40, 2**62]), st.integers(0, 2**32 - 1)),
+        max_size=60,
+    ),
+    slice_rows=st.integers(1, 7),
+)
+def test_tracked_mask_order_keeps_the_same_rows(
+    tracked: list[tuple[int, int]], queried: list[tuple[int, int]], slice_rows: int
+) -> None:
+    """Filtering in ``tracked_mask_order``'s order, a slice at a time (as a merge does), keeps
+    exactly the rows ``tracked_mask`` keeps in the original order; the pure twin's order is
+    position order (its speed-up), the native twin's None (any order does)."""
+    rows = tracked[: len(tracked) // 2] + queried  # some tracked, some not
+    ledgers = np.array([r[0] for r in rows], dtype=np.int64)
+    entries = np.array([r[1] for r in rows], dtype=np.int64)
+    for core in (native_module.BucketCore(0, True, 0, 10), _impl.PureBucketCore(0, True, 0, 10)):
+        for ledger, entry in tracked:
+            core.restore(ledger, BitMap([entry]))
+        expected = {rows[i] for i in np.flatnonzero(core.tracked_mask(ledgers, entries))}
+        order = core.tracked_mask_order(ledgers, entries)
+        if order is None:
+            order = np.arange(len(rows))
+        assert sorted(order.tolist()) == list(range(len(rows)))
+        kept: set[tuple[int, int]] = set()
+        for start in range(0, len(rows), slice_rows):
+            part = order[start : start + slice_rows]
+            mask = core.tracked_mask(ledgers[part], entries[part])
+            kept |= {rows[i] for i in part[mask]}
+        assert kept == expected
+        if isinstance(core, _impl.PureBucketCore):
+            assert [rows[i] for i in order] == sorted(rows)
+        core._check()

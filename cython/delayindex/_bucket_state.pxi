@@ -329,6 +329,12 @@ cdef class _BucketState:
         """For each position, whether it is tracked."""
         return self.index.contains_many(ledgers, entries)
 
+    def tracked_mask_order(self, ledgers, entries):
+        """An order of these rows in which slices of them cost ``tracked_mask`` least, or None
+        when any order does as well (reads no state). Here None: each lookup is a probe of
+        its ledger's slot, whatever the order (the pure twin's copies members per call)."""
+        return None
+
     def tracked_in_range(self, int64_t start, int64_t end):
         """Tracked positions of ledgers ``start..end`` whose authoritative copy is not in the
         direct heap, as ``(ledgers, entries)`` int64 arrays in position order."""

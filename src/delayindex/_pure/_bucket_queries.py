@@ -11,6 +11,7 @@ from pyroaring import BitMap
 
 from delayindex._pure.heap import TripleHeap
 from delayindex._pure.index import LedgerIndex
+from delayindex._sortkeys import pack_positions, stable_order
 from delayindex.model import MAX_ENTRY_ID
 
 Int64Array = npt.NDArray[np.int64]
@@ -21,8 +22,8 @@ def _column(values: object) -> Int64Array:
 
 
 class BucketQueries:
-    """``index_bitmap``, ``tracked_mask``, ``tracked_in_range``, ``count_upto``, ``live_keys``
-    and ``authoritative_mask``."""
+    """``index_bitmap``, ``tracked_mask``, ``tracked_mask_order``, ``tracked_in_range``,
+    ``count_upto``, ``live_keys`` and ``authoritative_mask``."""
 
     _index: LedgerIndex
     _shadow: set[tuple[int, int]]
@@ -76,6 +77,16 @@ class BucketQueries:
     def tracked_mask(self, ledgers: Int64Array, entries: Int64Array) -> npt.NDArray[np.bool_]:
         """For each position, whether it is tracked."""
         return self._index.contains_many(ledgers, entries)
+
+    def tracked_mask_order(self, ledgers: Int64Array, entries: Int64Array) -> Any:
+        """An order of these rows in which slices of them cost :meth:`tracked_mask` least, or
+        None when any order does as well (reads no state). Here position order: a call copies
+        each ledger's members out of its bitmap, so a slice of time-ordered rows (a merge's)
+        would copy nearly every ledger of the range, and one in position order only a few."""
+        packed = pack_positions(ledgers, entries)
+        if packed is None:
+            return np.lexsort((entries, ledgers))
+        return stable_order(*packed)
 
     def tracked_in_range(self, start: int, end: int) -> tuple[Int64Array, Int64Array]:
         """Tracked positions of ledgers ``start..end`` whose authoritative copy is not in the

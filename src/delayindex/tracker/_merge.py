@@ -175,14 +175,7 @@ class MergeMixin:
                     last = min(first + MERGE_READ_SEGMENTS - 1, b.num_segments)
                     columns.append(self._storage.get_segment_arrays(b.snapshot_id, first, last))
             times, ledgers, entries = (np.concatenate(c) for c in zip(*columns, strict=True))
-            keep = np.empty(len(times), dtype=np.bool_)
-            for start in range(0, len(times), MERGE_FILTER_ROWS):
-                stop = start + MERGE_FILTER_ROWS
-                with self._lock:  # in slices: the lock is add()'s too
-                    keep[start:stop] = self._core.tracked_mask(
-                        ledgers[start:stop], entries[start:stop]
-                    )
-            times, ledgers, entries = times[keep], ledgers[keep], entries[keep]
+            times, ledgers, entries = self._still_tracked(times, ledgers, entries)
             if len(times):
                 # The range's cancels move into the merged bucket (it holds them for the
                 # dispatcher's replay), so they leave memory and the manifest.
@@ -239,6 +232,22 @@ class MergeMixin:
                 return
             assert metadata is not None
             self._merge_succeeded(sources, epoch, record, metadata, fold_gen)
+
+    def _still_tracked(
+        self, times: Int64Array, ledgers: Int64Array, entries: Int64Array
+    ) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """The rows whose position is still tracked, filtered a slice per lock hold (the lock
+        is add()'s too), in the order the core filters fastest (``tracked_mask_order``; the
+        build sorts them by time anyway)."""
+        order = self._core.tracked_mask_order(ledgers, entries)
+        if order is not None:
+            times, ledgers, entries = times[order], ledgers[order], entries[order]
+        keep = np.empty(len(times), dtype=np.bool_)
+        for start in range(0, len(times), MERGE_FILTER_ROWS):
+            stop = start + MERGE_FILTER_ROWS
+            with self._lock:
+                keep[start:stop] = self._core.tracked_mask(ledgers[start:stop], entries[start:stop])
+        return times[keep], ledgers[keep], entries[keep]
 
     def _merge_failed(self, sources: list[_Bucket], epoch: int) -> None:
         """A merge did not happen: the sources are themselves again (lock held), and merging
