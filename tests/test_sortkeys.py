@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayindex._sortkeys import pack_positions, stable_order, stable_order_int64
+from delayindex._sortkeys import pack_positions, position_order, stable_order, stable_order_int64
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 
@@ -60,6 +60,20 @@ def test_pack_positions_preserves_position_order(pairs: list[tuple[int, int]], s
     assert same.all()
 
 
+@given(
+    st.lists(st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 2**32 - 1)), max_size=200),
+    st.integers(0, 62),
+)
+def test_position_order_is_the_stable_lexsort(pairs: list[tuple[int, int]], shift: int) -> None:
+    # Narrow ledger spans pack (the plain sort); wide ones fall back to lexsort. Repeated
+    # positions keep their index order either way.
+    pairs = pairs + pairs[: len(pairs) // 3]
+    ledgers = np.array([lg >> shift for lg, _ in pairs], dtype=np.int64)
+    entries = np.array([e for _, e in pairs], dtype=np.int64)
+    got = position_order(ledgers, entries)
+    np.testing.assert_array_equal(got, np.lexsort((entries, ledgers)))
+
+
 def test_pack_positions_refuses_negative_ids() -> None:
     assert pack_positions(np.array([-1], dtype=np.int64), np.array([0], dtype=np.int64)) is None
     assert pack_positions(np.array([1], dtype=np.int64), np.array([-1], dtype=np.int64)) is None
@@ -69,3 +83,4 @@ def test_pack_positions_refuses_negative_ids() -> None:
 def test_tiny_inputs(n: int) -> None:
     assert len(stable_order(np.zeros(n, dtype=np.uint64))) == n
     assert len(stable_order_int64(np.zeros(n, dtype=np.int64))) == n
+    assert len(position_order(np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64))) == n

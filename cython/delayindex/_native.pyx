@@ -160,6 +160,19 @@ cdef extern from *:
         return v ? 64 - __builtin_clzll(v) : 0;
     }
 
+    static inline unsigned long long di_shl(unsigned long long v, int s) {
+        return s >= 64 ? 0 : v << s;
+    }
+
+    static inline unsigned long long di_shr(unsigned long long v, int s) {
+        return s >= 64 ? 0 : v >> s;
+    }
+
+    /* The low `bits` bits set (none for 0; all 64 for 64). */
+    static inline unsigned long long di_low_mask(int bits) {
+        return bits ? ~0ULL >> (64 - bits) : 0;
+    }
+
     static void di_qsort_pos(DiPos* a, Py_ssize_t n) {
         while (n > 16) {
             Py_ssize_t i = 0, j = n - 1, mid = n / 2;
@@ -253,24 +266,12 @@ cdef extern from *:
             keys[i] = ((unsigned long long) (a[i].ledger - minl) << ebits)
                       | (unsigned long long) a[i].entry;
         di_radix_sort_keys(keys, keys + n, n, 0, lbits + ebits);
-        emask = ebits ? (~0ULL >> (64 - ebits)) : 0;
+        emask = di_low_mask(ebits);
         for (i = 0; i < n; i++) {
             a[i].ledger = (long long) ((unsigned long long) minl + (keys[i] >> ebits));
             a[i].entry = (long long) (keys[i] & emask);
         }
         free(keys);
-    }
-
-    static inline unsigned long long di_shl(unsigned long long v, int s) {
-        return s >= 64 ? 0 : v << s;
-    }
-
-    static inline unsigned long long di_shr(unsigned long long v, int s) {
-        return s >= 64 ? 0 : v >> s;
-    }
-
-    static inline unsigned long long di_low_mask(int bits) {
-        return bits ? ~0ULL >> (64 - bits) : 0;
     }
 
     /* Sort triples by (time, ledger, entry) (by_time) or by (ledger, entry, time) (else: the

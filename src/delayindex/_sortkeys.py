@@ -7,8 +7,8 @@ by index, so sorting the words unstably gives exactly the stable order, and mask
 gives the indexes. When they do not fit, these helpers fall back to the stable argsort: the
 result is the same either way, only the speed differs.
 
-Used by the pure codec's build and decode (``_pure/codec.py``) and by ``build_snapshot``'s
-duplicate check, on both builds. The native build's kernels have their own radix sort
+Used by the pure codec's build and decode (``_pure/codec.py``), the pure core's merge-filter
+order (``tracked_mask_order``), and ``build_snapshot``'s duplicate check on both builds. The native build's kernels have their own radix sort
 (``di_radix_sort_keys``); results agree by construction (both are the stable order).
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["pack_positions", "stable_order", "stable_order_int64"]
+__all__ = ["pack_positions", "position_order", "stable_order", "stable_order_int64"]
 
 _U64 = np.uint64
 
@@ -68,3 +68,14 @@ def pack_positions(
     keys = (ledgers - np.int64(low)).astype(_U64) << _U64(entry_bits)
     keys |= entries.astype(_U64)
     return keys, width
+
+
+def position_order(
+    ledgers: npt.NDArray[np.int64], entries: npt.NDArray[np.int64]
+) -> npt.NDArray[np.intp]:
+    """The stable order of rows by position ``(ledger, entry)``: one plain sort of packed
+    positions (:func:`pack_positions`), or a two-key ``lexsort`` when they do not pack."""
+    packed = pack_positions(ledgers, entries)
+    if packed is None:
+        return np.lexsort((entries, ledgers))
+    return stable_order(*packed)

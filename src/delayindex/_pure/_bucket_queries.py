@@ -11,7 +11,7 @@ from pyroaring import BitMap
 
 from delayindex._pure.heap import TripleHeap
 from delayindex._pure.index import LedgerIndex
-from delayindex._sortkeys import pack_positions, stable_order
+from delayindex._sortkeys import position_order
 from delayindex.model import MAX_ENTRY_ID
 
 Int64Array = npt.NDArray[np.int64]
@@ -83,10 +83,7 @@ class BucketQueries:
         None when any order does as well (reads no state). Here position order: a call copies
         each ledger's members out of its bitmap, so a slice of time-ordered rows (a merge's)
         would copy nearly every ledger of the range, and one in position order only a few."""
-        packed = pack_positions(ledgers, entries)
-        if packed is None:
-            return np.lexsort((entries, ledgers))
-        return stable_order(*packed)
+        return position_order(ledgers, entries)
 
     def tracked_in_range(self, start: int, end: int) -> tuple[Int64Array, Int64Array]:
         """Tracked positions of ledgers ``start..end`` whose authoritative copy is not in the

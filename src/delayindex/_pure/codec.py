@@ -25,7 +25,7 @@ from delayindex._pure._batch import (
     unpack_segments,
     write_groups,
 )
-from delayindex._sortkeys import pack_positions, stable_order, stable_order_int64
+from delayindex._sortkeys import position_order, stable_order, stable_order_int64
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -383,28 +383,18 @@ def _bitmaps(values: npt.NDArray[np.uint32], bounds: Int64Array) -> tuple[bytes,
 
 def _time_order(
     t: Int64Array, lg: Int64Array, en: Int64Array
-) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp] | None]:
-    """The order by ``(time, ledger, entry)``, and (when positions pack into 64 bits) the order
-    by position it was made from: one sort of the packed positions, then one stable sort by
-    time (``_sortkeys``: each a plain sort of packed words when they fit, about 20x faster
-    than numpy's stable argsort)."""
-    packed = pack_positions(lg, en)
-    if packed is None:
-        return np.lexsort((en, lg, t)), None
-    by_position = stable_order(*packed)
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """The order by ``(time, ledger, entry)``, and the order by position it was made from:
+    one sort by position, then one stable sort by time (``_sortkeys``: each a plain sort of
+    packed words when they fit, about 20x faster than numpy's stable argsort)."""
+    by_position = position_order(lg, en)
     return by_position[stable_order_int64(t[by_position])], by_position
 
 
 def _position_order_within_segments(
-    order: npt.NDArray[np.intp],
-    by_position: npt.NDArray[np.intp] | None,
-    seg_of: Int64Array,
-    lg: Int64Array,
-    en: Int64Array,
+    order: npt.NDArray[np.intp], by_position: npt.NDArray[np.intp], seg_of: Int64Array
 ) -> npt.NDArray[np.intp]:
     """Indexes into the time-sorted rows, each segment's rows in position order."""
-    if by_position is None:
-        return np.lexsort((en, lg, seg_of))
     # Where each row went in the time order, taken in position order; then stably by segment
     # (segment numbers are small: segment << bits | index words fit 64 bits).
     moved = np.empty(len(order), dtype=np.intp)
@@ -443,7 +433,7 @@ def build_segments(
     seg_bounds = np.array(cuts, dtype=np.int64)
     n_seg = len(cuts) - 1
     seg_of = np.repeat(np.arange(n_seg, dtype=np.int64), np.diff(seg_bounds))
-    by_pos = _position_order_within_segments(order, by_position, seg_of, lg, en)
+    by_pos = _position_order_within_segments(order, by_position, seg_of)
     pos_t, pos_l, pos_e = t[by_pos], lg[by_pos], en[by_pos]
     same_group = (seg_of[1:] == seg_of[:-1]) & (pos_l[1:] == pos_l[:-1])
     dup = same_group & (pos_e[1:] == pos_e[:-1])
