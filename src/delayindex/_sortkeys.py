@@ -8,8 +8,9 @@ gives the indexes. When they do not fit, these helpers fall back to the stable a
 result is the same either way, only the speed differs.
 
 Used by the pure codec's build and decode (``_pure/codec.py``), the pure core's merge-filter
-order (``tracked_mask_order``), and ``build_snapshot``'s duplicate check on both builds. The native build's kernels have their own radix sort
-(``di_radix_sort_keys``); results agree by construction (both are the stable order).
+order (``tracked_mask_order``), and ``build_snapshot``'s duplicate check on both builds. The
+native build's kernels have their own radix sort (``di_radix_sort_keys``); results agree by
+construction (both are the stable order).
 """
 
 from __future__ import annotations
