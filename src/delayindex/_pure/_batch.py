@@ -244,33 +244,30 @@ def _pack_chunk(
 ) -> list[bytes]:
     lo, hi = int(bounds[0]), int(bounds[-1])
     counts = np.diff(bounds)
-    seg_of = np.repeat(np.arange(len(counts)), counts)
-    offsets = times[lo:hi].astype(np.uint64) - mins.astype(np.uint64)[seg_of]
+    offsets = times[lo:hi].astype(np.uint64) - np.repeat(mins.astype(np.uint64), counts)
     # Each segment's payload starts on a byte boundary and pads its last byte with zeros.
     seg_bits = counts * bits
     seg_bytes = (seg_bits + 7) // 8
     at = np.cumsum(seg_bytes) - seg_bytes
-    if len(bits) and int(bits.max()) <= 57:
-        # A value of at most 57 bits, shifted to its first bit's place in its first byte,
-        # fits one 64-bit word: its 8 bytes go to 8 consecutive payload bytes. Values share no
-        # bit, so summing every contribution to a byte is OR-ing them.
-        element_bits = np.repeat(bits, counts)
-        first_bit = np.repeat(8 * at, counts) + _ragged_arange(counts) * element_bits
-        words = offsets << (first_bit & 7).astype(np.uint64)
-        # Only the bytes a shifted value can reach: its bits lie below bits + 7.
-        reach = (int(bits.max()) + 14) // 8
-        lanes = words.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :reach]
-        address = (first_bit >> 3)[:, None] + np.arange(reach)
-        total = np.bincount(address.ravel(), weights=lanes.ravel(), minlength=int(seg_bytes.sum()))
-        raw = total[: int(seg_bytes.sum())].astype(np.uint8).tobytes()
-    else:
-        # Every value's 64 bits LSB first, then the first bit_length(span) of each, in order.
-        all_bits = np.unpackbits(offsets.astype("<u8").view(np.uint8).reshape(-1, 8), axis=1,
-                                 bitorder="little")  # fmt: skip
-        stream = all_bits[np.arange(64) < bits[seg_of][:, None]]
-        pad = seg_bytes * 8 - seg_bits
-        stream = np.insert(stream, np.repeat(np.cumsum(seg_bits), pad), 0)
-        raw = np.packbits(stream, bitorder="little").tobytes()
+    total_bytes = int(seg_bytes.sum())
+    # The stream as little-endian 64-bit words (LSB-first bits, so its bytes are the format's).
+    # A value lands in the word holding its first bit and spills into the next one past bit 63.
+    # Values share no bit, so summing a word's contributions is OR-ing them; values come in
+    # stream order, so each word's contributions are one run (``reduceat``).
+    element_bits = np.repeat(bits, counts)
+    first_bit = np.repeat(8 * at, counts) + _ragged_arange(counts) * element_bits
+    word = first_bit >> 6
+    shift = first_bit & 63
+    words = np.zeros(total_bytes // 8 + 2, dtype=np.uint64)
+    if len(word):
+        runs = np.flatnonzero(np.concatenate(([True], word[1:] != word[:-1])))
+        words[word[runs]] = np.add.reduceat(offsets << shift.astype(np.uint64), runs)
+        spill = np.flatnonzero(shift + element_bits > 64)  # no shift by 64: undefined
+        if len(spill):
+            high = np.zeros(len(word), dtype=np.uint64)
+            high[spill] = offsets[spill] >> (64 - shift[spill]).astype(np.uint64)
+            words[word[runs] + 1] += np.add.reduceat(high, runs)
+    raw = words.astype("<u8").tobytes()[:total_bytes]
     return [raw[a : a + k] for a, k in zip(at.tolist(), seg_bytes.tolist(), strict=True)]
 
 
@@ -299,18 +296,17 @@ def _unpack_chunk(
     element_bits = np.repeat(bits, counts)
     first_bit = np.repeat(8 * (np.cumsum(seg_bytes) - seg_bytes), counts)
     first_bit += _ragged_arange(counts) * element_bits
-    if int(bits.max()) <= 57:
-        # A value of at most 57 bits lies in the 8 bytes from the one holding its first bit.
-        buf = np.frombuffer(b"".join(payloads) + bytes(8), dtype=np.uint8)
-        at = first_bit >> 3
-        word = np.zeros(len(at), dtype=np.uint64)
-        for byte in range(8):
-            word |= buf[at + byte].astype(np.uint64) << np.uint64(8 * byte)
-        word >>= (first_bit & 7).astype(np.uint64)
-        mask = (np.uint64(1) << element_bits.astype(np.uint64)) - np.uint64(1)
-        return word & mask
-    stream = np.unpackbits(np.frombuffer(b"".join(payloads), dtype=np.uint8), bitorder="little")
-    bit = np.arange(64)
-    used = bit < element_bits[:, None]
-    rows = np.where(used, stream[np.where(used, first_bit[:, None] + bit, 0)], 0).astype(np.uint8)
-    return np.packbits(rows, axis=1, bitorder="little").view("<u8").ravel().astype(np.uint64)
+    # The inverse of _pack_chunk's words: a value is its first word's bits from its first bit
+    # on, plus the next word's low bits when it spills past bit 63.
+    joined = b"".join(payloads)
+    stream = np.frombuffer(joined + bytes(16 - len(joined) % 8), dtype="<u8")
+    word = first_bit >> 6
+    shift = first_bit & 63
+    value = stream[word] >> shift.astype(np.uint64)
+    spill = np.flatnonzero(shift + element_bits > 64)  # no shift by 64: undefined
+    value[spill] |= stream[word[spill] + 1] << (64 - shift[spill]).astype(np.uint64)
+    # Keep each value's own bits (a 64-bit one keeps all: no shift by 64 here either).
+    narrow = element_bits < 64
+    mask = np.full(len(value), np.uint64(2**64 - 1), dtype=np.uint64)
+    mask[narrow] = (np.uint64(1) << element_bits[narrow].astype(np.uint64)) - np.uint64(1)
+    return (value & mask).astype(np.uint64)
