@@ -309,4 +309,5 @@ def _unpack_chunk(
     narrow = element_bits < 64
     mask = np.full(len(value), np.uint64(2**64 - 1), dtype=np.uint64)
     mask[narrow] = (np.uint64(1) << element_bits[narrow].astype(np.uint64)) - np.uint64(1)
-    return (value & mask).astype(np.uint64)
+    kept: npt.NDArray[np.uint64] = value & mask
+    return kept
