@@ -114,23 +114,21 @@ def read_varints(data: bytes, start: int, count: int) -> tuple[Int64Array, int]:
     """Decode ``count`` unsigned LEB128 varints from ``data[start:]``; ``(values, end)``."""
     if count < 0 or start < 0:
         raise ValueError("bad varint request")
-    values: list[int] = []
-    pos = start
-    for _ in range(count):
-        value = shift = 0
-        while True:
-            if pos >= len(data) or shift > 56:
-                raise ValueError("bad varint")
-            byte = data[pos]
-            pos += 1
-            value |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                break
-            shift += 7
-        if value >> 63:
-            raise ValueError("varint too large")
-        values.append(value)
-    return np.array(values, dtype=np.int64), pos
+    if count == 0:
+        return np.empty(0, dtype=np.int64), start
+    # A varint ends at its first byte below 0x80 and has at most 9 bytes (7 bits each: 63
+    # bits, so none is too large for int64), so the count varints lie in 9 * count bytes.
+    raw = np.frombuffer(data, dtype=np.uint8)[start : start + 9 * count]
+    ends = np.flatnonzero(raw < 0x80)[:count]
+    lengths = np.diff(ends, prepend=-1)
+    if len(ends) < count or int(lengths.max()) > 9:  # truncated, or one over 9 bytes
+        raise ValueError("bad varint")
+    end = int(ends[-1]) + 1
+    starts = ends - lengths + 1
+    # Each byte's 7 bits at 7 * (its place in its varint); disjoint, so summing is OR-ing.
+    place = np.arange(end) - np.repeat(starts, lengths)
+    bits = (raw[:end] & 0x7F).astype(np.uint64) << (7 * place).astype(np.uint64)
+    return np.add.reduceat(bits, starts).astype(np.int64), start + end
 
 
 def murmur3_32(data: bytes, seed: int) -> int:
