@@ -315,13 +315,19 @@ def _payloads(
         seeds = np.asarray(indexes, dtype=np.int64)
     if len(seeds) and (int(seeds.min()) < 0 or int(seeds.max()) >= 2**32):
         raise OverflowError("seed must fit uint32")
-    bodies = []
-    for a, b, seed in zip(starts.tolist(), ends.tolist(), seeds.tolist(), strict=True):
-        body = raw[a : b - 4]
-        if mmh3.hash(body, seed, signed=False) != int.from_bytes(raw[b - 4 : b], "little"):
-            raise ValueError(f"entry {seed}: checksum mismatch")
-        bodies.append(body)
-    flags = np.frombuffer(raw, dtype=np.uint8)[starts] if len(raw) else starts
+    # An entry is its flags byte, the payload, then the murmur3 of those two (uint32 LE).
+    data = np.frombuffer(raw, dtype=np.uint8)
+    stored = np.zeros(len(ends), dtype=np.uint32)
+    for k in range(4):
+        stored |= data[ends - 4 + k].astype(np.uint32) << np.uint32(8 * k)
+    computed = np.fromiter(
+        (mmh3.hash(raw[a : b - 4], seed, signed=False) for a, b, seed in
+         zip(starts.tolist(), ends.tolist(), seeds.tolist(), strict=True)),
+        dtype=np.uint32, count=len(ends),
+    )  # fmt: skip
+    if (computed != stored).any():
+        raise ValueError(f"entry {int(seeds[np.argmax(computed != stored)])}: checksum mismatch")
+    flags = data[starts] if len(raw) else starts
     if flags.any():
         s = int(np.flatnonzero(flags)[0])
         raise ValueError(f"entry {int(seeds[s])}: unknown flags {int(flags[s]):#x}")
@@ -329,7 +335,7 @@ def _payloads(
     wrong = lengths - 5 != (n_per_seg * bits + 7) // 8
     if wrong.any():
         raise ValueError(f"segment {int(np.argmax(wrong))}: packed times have the wrong length")
-    return [body[1:] for body in bodies], bits
+    return [raw[a + 1 : b - 4] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)], bits
 
 
 def roaring_union_by_ledger(
