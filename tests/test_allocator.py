@@ -29,16 +29,26 @@ def test_rejects_a_non_int(bad: Any) -> None:
 
 @pytest.mark.parametrize("bad", [-1, 32 * 1024 * 1024 + 1, 2**63])
 def test_rejects_an_out_of_range_threshold(bad: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[tuple[int, int]] = []
-    monkeypatch.setattr(_memory, "_mallopt", lambda *args: calls.append(args) or 1)
+    calls: list[tuple[int, ...]] = []
+
+    def mallopt(*args: int) -> int:
+        calls.append(args)
+        return 1
+
+    monkeypatch.setattr(_memory, "_mallopt", mallopt)
     with pytest.raises(ValueError, match=r"mmap_threshold must be in \[0, 33554432\]"):
         delayindex.tune_allocator(bad)
     assert calls == []  # nothing reached glibc
 
 
 def test_passes_the_threshold_to_mallopt(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[tuple[int, int]] = []
-    monkeypatch.setattr(_memory, "_mallopt", lambda *args: calls.append(args) or 1)
+    calls: list[tuple[int, ...]] = []
+
+    def mallopt(*args: int) -> int:
+        calls.append(args)
+        return 1
+
+    monkeypatch.setattr(_memory, "_mallopt", mallopt)
     assert delayindex.tune_allocator() is True
     assert delayindex.tune_allocator(0) is True
     assert calls == [(-3, _memory.DEFAULT_MMAP_THRESHOLD), (-3, 0)]  # -3: M_MMAP_THRESHOLD
@@ -73,6 +83,11 @@ def test_the_library_does_not_call_it_on_its_own() -> None:
 
 def test_the_command_line_calls_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(cli_module, "tune_allocator", lambda: calls.append(1) or True)
+
+    def tune_allocator() -> bool:
+        calls.append(1)
+        return True
+
+    monkeypatch.setattr(cli_module, "tune_allocator", tune_allocator)
     cli_module.main(["inspect", "--store", str(tmp_path), "--json"])
     assert calls == [1]

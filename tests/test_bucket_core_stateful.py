@@ -12,6 +12,7 @@ while tracked, and an add at or below the mark (the highest ``untrack_upto`` sin
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -25,8 +26,9 @@ from delayindex import _impl
 from delayindex.model import ADD_NEED_OVERRIDES, Position
 from delayindex.storage._overrides import Overrides
 
-native_module = _impl.native_module_or_none()
-assert native_module is not None, "the native extension must be built for the differential test"
+_native = _impl.native_module_or_none()
+assert _native is not None, "the native extension must be built for the differential test"
+native_module: ModuleType = _native  # declared narrowed: functions see the declared type
 
 ledgers = st.integers(0, 6)
 entries = st.integers(0, 4)
@@ -466,8 +468,8 @@ def test_seal_moves_the_heap_and_drops_untracked() -> None:
         for entry, t in [(3, 50), (1, 20), (2, 20), (0, 90)]:
             assert core.add(7, entry, t, 0) == 1
         assert core.add(7, 0, 0, 0) == 0  # due re-add untracks: the seal must drop its node
-        t, lg, en, start, end = core.seal(0)
-        assert sorted(zip(t.tolist(), en.tolist(), strict=True)) == [(20, 1), (20, 2), (50, 3)]
+        times, lg, en, start, end = core.seal(0)
+        assert sorted(zip(times.tolist(), en.tolist(), strict=True)) == [(20, 1), (20, 2), (50, 3)]
         assert lg.tolist() == [7, 7, 7] and (start, end) == (7, 7)
         assert core.mutable_range == (-1, -1)
         assert core.source_head(0) == (20, 7, 1) and core.source_remaining(0) == 3

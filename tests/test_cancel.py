@@ -55,14 +55,16 @@ def _in_memory(clock: ManualClock, storage: Any = None) -> Any:
 
 def _delay_index(clock: ManualClock, storage: Any = None) -> Any:
     store = storage if storage is not None else MemoryStorage()
-    index = DelayIndex.open(store, "cancel", CONFIG, clock=clock, executor=InlineExecutor())
+    # Any: the tests reach the storage through an attribute added here.
+    index: Any = DelayIndex.open(store, "cancel", CONFIG, clock=clock, executor=InlineExecutor())
     index.storage = store
     return index
 
 
 def _delay_index_tiny(clock: ManualClock, storage: Any = None) -> Any:
     store = storage if storage is not None else MemoryStorage()
-    index = DelayIndex.open(store, "cancel", TINY, clock=clock, executor=InlineExecutor())
+    # Any: the tests reach the storage through an attribute added here.
+    index: Any = DelayIndex.open(store, "cancel", TINY, clock=clock, executor=InlineExecutor())
     index.storage = store
     return index
 
@@ -633,7 +635,7 @@ class CancelMachine(RuleBasedStateMachine):
         # Drain everything (times of positions brought back are the stored ones) to resync.
         storage.clear_faults()
         self.clock.advance(10**9)
-        drained = set()
+        drained: set[tuple[int, int]] = set()
         while got := self.tracker.poll(100):
             drained.update((p.ledger_id, p.entry_id) for p in got)
         assert set(self.tracked) <= drained and not drained & self.cancelled

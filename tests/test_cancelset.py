@@ -21,7 +21,9 @@ def _columns(positions: set[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 @given(st.one_of(st.tuples(small, small), st.tuples(wide, wide), st.tuples(small, wide)))
-def test_union_unique_is_the_sorted_set_union(sets: tuple[set, set]) -> None:
+def test_union_unique_is_the_sorted_set_union(
+    sets: tuple[set[tuple[int, int]], set[tuple[int, int]]],
+) -> None:
     a, b = sets
     ledgers, entries = union_unique(*_columns(a), *_columns(b))
     assert list(zip(ledgers.tolist(), entries.tolist(), strict=True)) == sorted(a | b)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from delayindex.errors import (
 from delayindex.snapshot.format import Segment, SnapshotMetadata, build_snapshot
 from delayindex.storage import (
     KEY_PATTERN,
+    BucketRecord,
     Catalog,
     FileStorage,
     Intent,
@@ -43,7 +44,7 @@ from delayindex.storage import (
 )
 
 NAME = "orders"
-Snapshot = tuple[SnapshotMetadata, list[Segment]]
+Snapshot = tuple[SnapshotMetadata, Sequence[Segment]]
 Triples = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
@@ -597,6 +598,7 @@ def test_batch_failed_create_is_rolled_back_alone(make_env: Callable[[], Env]) -
         env.fail_creates(4, after=False)  # every attempt of the first create fails
         result = catalog.apply_batch([CONTENT[(40, 43)], CONTENT[(50, 53)]], [ids["C"]])
         assert isinstance(result.created[0], StorageError)
+        assert isinstance(result.created[1], BucketRecord)  # narrows: a record, not an error
         assert (result.created[1].start_ledger, result.created[1].end_ledger) == (50, 53)
         assert result.deleted == (True,)
     env.monkeypatch.undo()

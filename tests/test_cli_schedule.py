@@ -83,7 +83,8 @@ def inspect_json(capsys: pytest.CaptureFixture[str], root: Path, *extra: str) ->
 
 def reopened_histogram(root: Path, now: int, edges: list[int]) -> list[int]:
     with open_index(root, now) as index:
-        return index.due_histogram(edges).tolist()
+        counts: list[int] = index.due_histogram(edges).tolist()
+        return counts
 
 
 def test_schedule_counts_equal_the_library_histogram(

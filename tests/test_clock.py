@@ -15,7 +15,7 @@ from delayindex.clock import ManualClock as ClockFromModule
 def _native_wall_clock() -> Callable[[], int]:
     module = _impl.native_module_or_none()
     assert module is not None, "the native extension delayindex._native is not built"
-    fn: Callable[[], int] = module.wall_clock_ms  # type: ignore[attr-defined]
+    fn: Callable[[], int] = module.wall_clock_ms
     return fn
 
 

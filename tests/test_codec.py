@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -41,7 +41,13 @@ from delayindex.snapshot.codec import (
     pack_varints,
     split_object,
 )
-from delayindex.snapshot.format import Segment, SnapshotMetadata, build_snapshot, cut_segments
+from delayindex.snapshot.format import (
+    PreparedSegments,
+    Segment,
+    SnapshotMetadata,
+    build_snapshot,
+    cut_segments,
+)
 from delayindex.workload import generate
 
 I64_MIN = -(2**63)
@@ -111,7 +117,7 @@ def _check_against_reference(triples: list[Triple], step: int, limit: int, **kw:
         assert {lg: set(bm) for lg, bm in meta.items()} == by_ledger
 
 
-def _positions(segments: list[Segment]) -> dict[int, set[int]]:
+def _positions(segments: Sequence[Segment]) -> dict[int, set[int]]:
     out: dict[int, set[int]] = {}
     for seg in segments:
         for _, lg, e in seg.triples():
@@ -130,7 +136,7 @@ def _sub_ranges(n: int) -> Iterator[tuple[int, int]]:
     yield from [(1, n + 1), (1, 2), (n, n + 1), (mid, mid + 3), (2, n), (mid, mid), (n + 1, n + 1)]
 
 
-def _assert_round_trip(metadata: SnapshotMetadata, segments: list[Segment]) -> bytes:
+def _assert_round_trip(metadata: SnapshotMetadata, segments: Sequence[Segment]) -> bytes:
     """Encode, then check every decode path against the input; return the object."""
     data = encode_snapshot(metadata, segments)
     got_meta, got_segments = decode_snapshot(data, NAME)
@@ -168,7 +174,7 @@ def _container_stats(metadata: SnapshotMetadata) -> dict[str, int]:
     for data in metadata.bitmaps:
         for key, value in BitMap.deserialize(data).get_statistics().items():
             if key.startswith("n_") and key.endswith("_containers"):
-                totals[key] = totals.get(key, 0) + value
+                totals[key] = totals.get(key, 0) + cast(int, value)  # every statistic is an int
     return totals
 
 
@@ -484,7 +490,7 @@ def test_round_trip_bitset_and_run_containers() -> None:
 
 
 @pytest.fixture(scope="module")
-def realistic() -> tuple[SnapshotMetadata, list[Segment]]:
+def realistic() -> tuple[SnapshotMetadata, PreparedSegments]:
     times, ledgers, entries = _delayed(40_000, seed=3)
     assert len(times) >= 19_000
     return build_snapshot(
@@ -492,7 +498,7 @@ def realistic() -> tuple[SnapshotMetadata, list[Segment]]:
     )
 
 
-def test_round_trip_realistic(realistic: tuple[SnapshotMetadata, list[Segment]]) -> None:
+def test_round_trip_realistic(realistic: tuple[SnapshotMetadata, PreparedSegments]) -> None:
     metadata, segments = realistic
     assert metadata.num_segments > 10
     _assert_round_trip(metadata, segments)
@@ -515,7 +521,7 @@ def test_round_trip_random(triples: list[Triple], step: int, limit: int) -> None
 # --- metadata queries --------------------------------------------------------------------------
 
 
-def test_first_live_segment(realistic: tuple[SnapshotMetadata, list[Segment]]) -> None:
+def test_first_live_segment(realistic: tuple[SnapshotMetadata, PreparedSegments]) -> None:
     metadata, segments = realistic
 
     def reference(cutoff: int) -> int | None:
@@ -534,7 +540,7 @@ def test_first_live_segment(realistic: tuple[SnapshotMetadata, list[Segment]]) -
     assert metadata.first_live_segment(int(metadata.maxs[-1])) is None
 
 
-def test_ledger_bitmaps(realistic: tuple[SnapshotMetadata, list[Segment]]) -> None:
+def test_ledger_bitmaps(realistic: tuple[SnapshotMetadata, PreparedSegments]) -> None:
     metadata, segments = realistic
     n = metadata.num_segments
     for first in sorted({1, 2, max(1, n // 3), max(1, n // 2), max(1, n - 1), n}):
@@ -594,7 +600,7 @@ def _assert_corrupt(data: bytes, what: str) -> SnapshotCorruptError:
 
 
 @pytest.fixture(scope="module")
-def real() -> tuple[SnapshotMetadata, list[Segment], bytes]:
+def real() -> tuple[SnapshotMetadata, Sequence[Segment], bytes]:
     """A real snapshot: realistic mix, a few hundred indexes, multi-ledger segments."""
     times, ledgers, entries = _delayed(800, seed=7, entries_per_ledger=50)
     metadata, segments = build_snapshot(
@@ -611,7 +617,7 @@ def real() -> tuple[SnapshotMetadata, list[Segment], bytes]:
 
 @pytest.mark.parametrize("mask", [0xFF, 0x01])
 def test_every_flipped_byte_is_detected(
-    real: tuple[SnapshotMetadata, list[Segment], bytes], mask: int
+    real: tuple[SnapshotMetadata, Sequence[Segment], bytes], mask: int
 ) -> None:
     data = real[2]
     for pos in range(len(data)):
@@ -620,7 +626,9 @@ def test_every_flipped_byte_is_detected(
         _assert_corrupt(bytes(corrupt), f"byte {pos} ^ {mask:#x}")
 
 
-def test_every_truncation_is_detected(real: tuple[SnapshotMetadata, list[Segment], bytes]) -> None:
+def test_every_truncation_is_detected(
+    real: tuple[SnapshotMetadata, Sequence[Segment], bytes],
+) -> None:
     data = real[2]
     for length in range(len(data)):
         _assert_corrupt(data[:length], f"truncated to {length}")
@@ -628,12 +636,12 @@ def test_every_truncation_is_detected(real: tuple[SnapshotMetadata, list[Segment
 
 @pytest.mark.parametrize("extra", [b"\x00", b"\xff", b"DIXS"])
 def test_appended_bytes_are_detected(
-    real: tuple[SnapshotMetadata, list[Segment], bytes], extra: bytes
+    real: tuple[SnapshotMetadata, Sequence[Segment], bytes], extra: bytes
 ) -> None:
     _assert_corrupt(real[2] + extra, f"appended {extra!r}")
 
 
-def test_error_names_the_object(real: tuple[SnapshotMetadata, list[Segment], bytes]) -> None:
+def test_error_names_the_object(real: tuple[SnapshotMetadata, Sequence[Segment], bytes]) -> None:
     data = bytearray(real[2])
     data[-1] ^= 0xFF
     with pytest.raises(SnapshotCorruptError) as info:
@@ -644,7 +652,7 @@ def test_error_names_the_object(real: tuple[SnapshotMetadata, list[Segment], byt
 
 
 def test_swapped_equal_length_segments_are_detected(
-    real: tuple[SnapshotMetadata, list[Segment], bytes],
+    real: tuple[SnapshotMetadata, Sequence[Segment], bytes],
 ) -> None:
     _, entries = split_object(real[2], NAME)
     pairs = [
@@ -662,7 +670,7 @@ def test_swapped_equal_length_segments_are_detected(
 
 
 def test_decode_segments_rejects_wrong_first(
-    real: tuple[SnapshotMetadata, list[Segment], bytes],
+    real: tuple[SnapshotMetadata, Sequence[Segment], bytes],
 ) -> None:
     metadata, _, data = real
     _, entries = split_object(data, NAME)
@@ -672,7 +680,9 @@ def test_decode_segments_rejects_wrong_first(
         decode_segments(entries[1:], metadata, first=2, name=NAME)  # beyond the last segment
 
 
-def test_garbage_and_foreign_objects(real: tuple[SnapshotMetadata, list[Segment], bytes]) -> None:
+def test_garbage_and_foreign_objects(
+    real: tuple[SnapshotMetadata, Sequence[Segment], bytes],
+) -> None:
     data = real[2]
     _assert_corrupt(b"", "empty")
     _assert_corrupt(b"PK\x03\x04" + bytes(100), "a zip file")
@@ -851,7 +861,7 @@ SEMANTIC_CASES: dict[str, Callable[[Any], None]] = {
 
 
 @pytest.fixture(scope="module")
-def small() -> tuple[SnapshotMetadata, list[Segment], bytes]:
+def small() -> tuple[SnapshotMetadata, Sequence[Segment], bytes]:
     """A small snapshot whose first segment has two ledgers and a non-zero span."""
     triples = [(0, 4, 1), (3, 5, 2), (5, 4, 3), (100, 6, 0), (104, 6, 1), (200, 4, 9), (200, 7, 1)]
     metadata, segments = _build(triples, step=10, start_ledger=2, end_ledger=9)
@@ -863,7 +873,7 @@ def small() -> tuple[SnapshotMetadata, list[Segment], bytes]:
 @pytest.mark.parametrize("case", sorted(SEMANTIC_CASES))
 @pytest.mark.parametrize("zstd", [False, True], ids=["raw", "zstd"])
 def test_inconsistent_metadata_is_rejected(
-    small: tuple[SnapshotMetadata, list[Segment], bytes], case: str, zstd: bool
+    small: tuple[SnapshotMetadata, Sequence[Segment], bytes], case: str, zstd: bool
 ) -> None:
     metadata, _, data = small
     message = _message(metadata)
@@ -880,7 +890,7 @@ def test_inconsistent_metadata_is_rejected(
 
 
 def test_metadata_count_mismatch_message(
-    small: tuple[SnapshotMetadata, list[Segment], bytes],
+    small: tuple[SnapshotMetadata, Sequence[Segment], bytes],
 ) -> None:
     metadata, _, data = small
     message = _message(metadata)
@@ -890,7 +900,7 @@ def test_metadata_count_mismatch_message(
 
 
 def test_header_and_metadata_disagree_on_segments(
-    small: tuple[SnapshotMetadata, list[Segment], bytes],
+    small: tuple[SnapshotMetadata, Sequence[Segment], bytes],
 ) -> None:
     _, _, data = small
     _, entries = split_object(data, NAME)
@@ -906,7 +916,7 @@ def test_header_and_metadata_disagree_on_segments(
     ["metadata flags 0x02", "zstd flag on raw payload", "protobuf garbage", "zstd garbage"],
 )
 def test_bad_metadata_framing(
-    small: tuple[SnapshotMetadata, list[Segment], bytes], case: str
+    small: tuple[SnapshotMetadata, Sequence[Segment], bytes], case: str
 ) -> None:
     metadata, _, data = small
     _, entries = split_object(data, NAME)
@@ -924,7 +934,7 @@ def test_bad_metadata_framing(
     "case", ["flags 1", "payload byte extra", "payload byte missing", "time beyond span"]
 )
 def test_bad_segment_entries(
-    small: tuple[SnapshotMetadata, list[Segment], bytes], case: str
+    small: tuple[SnapshotMetadata, Sequence[Segment], bytes], case: str
 ) -> None:
     metadata, _, data = small
     _, entries = split_object(data, NAME)
@@ -943,7 +953,7 @@ def test_bad_segment_entries(
 
 
 def test_segment_times_must_match_metadata_range(
-    small: tuple[SnapshotMetadata, list[Segment], bytes],
+    small: tuple[SnapshotMetadata, Sequence[Segment], bytes],
 ) -> None:
     _, _, data = small
     _, entries = split_object(data, NAME)
@@ -953,7 +963,7 @@ def test_segment_times_must_match_metadata_range(
 
 
 def test_position_in_two_segments_is_rejected(
-    small: tuple[SnapshotMetadata, list[Segment], bytes],
+    small: tuple[SnapshotMetadata, Sequence[Segment], bytes],
 ) -> None:
     metadata, _, data = small
     message = _message(metadata)

@@ -9,9 +9,9 @@ independent reference; on malformed input both must raise ValueError. Any other 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 import mmh3
 import numpy as np
@@ -151,8 +151,11 @@ def test_roaring_entries_valid(values: list[int], run_optimize: bool) -> None:
     assert cards.dtype == np.int64 and cards.tolist() == [len(set(values)), 1]
 
 
+ContainerCount = Literal["n_array_containers", "n_bitset_containers", "n_run_containers"]
+
+
 def test_roaring_container_kinds() -> None:
-    cases = {
+    cases: dict[str, tuple[list[int], bool, ContainerCount]] = {
         "array": (list(range(0, 8_000, 2)), False, "n_array_containers"),
         "bitset": (list(range(0, 20_000, 2)), False, "n_bitset_containers"),
         "run": (list(range(0, 70_000)), True, "n_run_containers"),
@@ -427,7 +430,7 @@ def _kernel_args(metadata: SnapshotMetadata, entries: list[bytes], k: int, j: in
     ]
 
 
-def _expected(segments: list[Segment]) -> tuple[npt.NDArray[np.int64], ...]:
+def _expected(segments: Sequence[Segment]) -> tuple[npt.NDArray[np.int64], ...]:
     empty = np.empty(0, dtype=np.int64)
     return (
         np.concatenate([s.times for s in segments]) if segments else empty,
@@ -438,7 +441,7 @@ def _expected(segments: list[Segment]) -> tuple[npt.NDArray[np.int64], ...]:
 
 
 @st.composite
-def _snapshots(draw: st.DrawFn) -> tuple[SnapshotMetadata, list[Segment], list[bytes]]:
+def _snapshots(draw: st.DrawFn) -> tuple[SnapshotMetadata, Sequence[Segment], list[bytes]]:
     positions = draw(
         st.lists(
             st.tuples(st.integers(0, 5), st.integers(0, 2**32 - 1) | st.integers(0, 40)),
@@ -475,7 +478,7 @@ def _sorted_per_segment(times: npt.NDArray[np.int64], counts: Any) -> list[list[
 
 @given(_snapshots(), st.data())
 def test_decode_segments_valid(
-    snap: tuple[SnapshotMetadata, list[Segment], list[bytes]], data: st.DataObject
+    snap: tuple[SnapshotMetadata, Sequence[Segment], list[bytes]], data: st.DataObject
 ) -> None:
     metadata, segments, entries = snap
     n = metadata.num_segments
@@ -517,7 +520,7 @@ def test_decode_segments_scratch_kept_and_fresh() -> None:
 
 @given(_snapshots(), st.data())
 def test_decode_segments_flipped_checksum(
-    snap: tuple[SnapshotMetadata, list[Segment], list[bytes]], data: st.DataObject
+    snap: tuple[SnapshotMetadata, Sequence[Segment], list[bytes]], data: st.DataObject
 ) -> None:
     metadata, _, entries = snap
     n = metadata.num_segments
@@ -590,7 +593,7 @@ _ARG_MUTATIONS: dict[str, tuple[int, Callable[[Any], Any]]] = {
 
 @given(_snapshots(), st.sampled_from(sorted(_ARG_MUTATIONS)))
 def test_decode_segments_bad_arguments_agree(
-    snap: tuple[SnapshotMetadata, list[Segment], list[bytes]], mutation: str
+    snap: tuple[SnapshotMetadata, Sequence[Segment], list[bytes]], mutation: str
 ) -> None:
     metadata, _, entries = snap
     args = _kernel_args(metadata, entries, 1, metadata.num_segments + 1)
@@ -643,7 +646,7 @@ def test_roaring_check_positions(groups: list[tuple[int, list[int]]]) -> None:
 
 @given(_snapshots())
 def test_decode_segments_slots_accepts_distinct_positions(
-    snap: tuple[SnapshotMetadata, list[Segment], list[bytes]],
+    snap: tuple[SnapshotMetadata, Sequence[Segment], list[bytes]],
 ) -> None:
     metadata, segments, entries = snap
     slots = np.unique(metadata.ledgers, return_inverse=True)[1].astype(np.int64)
@@ -676,7 +679,7 @@ def test_decode_segments_slots_rejects_a_position_in_two_segments() -> None:
 
 @given(_snapshots(), st.data())
 def test_unpack_segment_times_checks_every_entry(
-    snap: tuple[SnapshotMetadata, list[Segment], list[bytes]], data: st.DataObject
+    snap: tuple[SnapshotMetadata, Sequence[Segment], list[bytes]], data: st.DataObject
 ) -> None:
     metadata, _, entries = snap
     n = metadata.num_segments
@@ -691,7 +694,7 @@ def test_unpack_segment_times_checks_every_entry(
 
 @given(_snapshots(), st.data())
 def test_unpack_segment_times_of_scattered_entries(
-    snap: tuple[SnapshotMetadata, list[Segment], list[bytes]], data: st.DataObject
+    snap: tuple[SnapshotMetadata, Sequence[Segment], list[bytes]], data: st.DataObject
 ) -> None:
     """With ``indexes``, any entries in any order: each checked against its own index."""
     metadata, segments, entries = snap
@@ -722,7 +725,7 @@ def test_unpack_segment_times_of_scattered_entries(
     st.sampled_from(sorted(m for m, (pos, _) in _ARG_MUTATIONS.items() if 0 <= pos < 6)),
 )
 def test_unpack_segment_times_bad_arguments_agree(
-    snap: tuple[SnapshotMetadata, list[Segment], list[bytes]], mutation: str
+    snap: tuple[SnapshotMetadata, Sequence[Segment], list[bytes]], mutation: str
 ) -> None:
     metadata, _, entries = snap
     args = _times_args(_kernel_args(metadata, entries, 1, metadata.num_segments + 1))

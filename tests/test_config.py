@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 import pytest
 
@@ -211,7 +213,7 @@ def test_replace_rejects_unknown_fields() -> None:
 )
 def test_huge_int_settings_rejected_at_construction(field: str) -> None:
     with pytest.raises(ValueError, match=field):
-        TrackerConfig(**{field: 2**63})
+        TrackerConfig(**cast("dict[str, Any]", {field: 2**63}))  # a field named at run time
 
 
 # --- the one translation into keyword arguments ---------------------------------------------------
@@ -230,7 +232,7 @@ def test_settings_are_the_keyword_arguments_of_what_they_configure() -> None:
         max_time_step_per_segment_ms=13, max_indexes_per_segment=17, max_delete_attempts=19,
         delete_retry_delay_ms=23,
     )  # fmt: skip
-    consumers = [
+    consumers: list[tuple[Mapping[str, object], Callable[..., object]]] = [
         (config.core_settings(), _impl.PureTrackerCore.__init__),
         (config.bucket_core_settings(), _impl.PureBucketCore.__init__),
         (config.catalog_settings(), Catalog.open),

@@ -55,7 +55,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -63,6 +63,9 @@ import delayindex
 from delayindex import NATIVE, DelayIndex, FileStorage, ManualClock, SharedDelayIndex
 from delayindex.executors import InlineExecutor
 from delayindex.storage._overrides import Overrides
+
+if TYPE_CHECKING:  # at run time the module is loaded from its path, by _load_child
+    from crash_child import Messages
 
 SRC = str(Path(delayindex.__file__).resolve().parents[1])
 CHILD_PATH = Path(__file__).with_name("crash_child.py")
@@ -85,7 +88,7 @@ def _load_child(path: Path = CHILD_PATH) -> ModuleType:
 
 
 child = _load_child()
-MSGS = child.workload(child.MESSAGES, child.SEED)  # what the child runs by default
+MSGS: Messages = child.workload(child.MESSAGES, child.SEED)  # what the child runs by default
 
 
 @dataclass
@@ -413,6 +416,7 @@ def test_the_checks_catch_a_forgotten_cancel(dry_run: DryRun, tmp_path: Path) ->
 
 def _step_with_a_pending_cancel(text: str) -> int:
     """The first step of the dry run taken while an acknowledged cancel is above the mark."""
+    acknowledged: set[int]
     mark, acknowledged = -1, set()
     for line in text.split("\n"):
         kind, *rest = line.split(" ")

@@ -34,6 +34,7 @@ from delayindex import (
     TrackerConfig,
 )
 from delayindex.executors import InlineExecutor
+from delayindex.snapshot.format import build_snapshot
 from delayindex.storage.base import SnapshotStorage
 from delayindex.storage.manifest import BucketRecord
 from delayindex.tracker.delay_index import resolve_overlaps, select_merge_window
@@ -648,7 +649,7 @@ def test_24603_seal_encodes_off_the_caller_thread(
 ) -> None:
     """Pulsar encoded snapshots in addMessage (1.5 s stalls); ours encodes on the executor."""
     built: list[str] = []
-    real_build = delay_index_module.build_snapshot
+    real_build = build_snapshot  # the function delay_index_module imported
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         built.append(threading.current_thread().name)
@@ -1044,7 +1045,8 @@ def test_22802_missing_snapshot_quarantines_the_bucket_loudly(
     index.flush()
     manifest = storage.read_manifest(NAME)
     assert missing not in manifest.live_ids()
-    assert manifest.quarantine(missing) is not None and manifest.quarantine(missing).active
+    record = manifest.quarantine(missing)
+    assert record is not None and record.active
     assert set(manifest.live_ids()) == {kept}
     expected = {p: t for p, t in schedule.items() if p.ledger_id == 2}
     assert_exactly_once(drain(index, clock, expected), expected)

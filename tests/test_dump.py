@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -55,6 +56,22 @@ def assert_same(got: DumpColumns, want: DumpColumns) -> None:
     else:
         assert got.publish_time is not None
         np.testing.assert_array_equal(got.publish_time, want.publish_time)
+
+
+def dump_columns(
+    ledger_ids: npt.ArrayLike,
+    entry_ids: npt.ArrayLike,
+    deliver_at: npt.ArrayLike,
+    publish_time: npt.ArrayLike | None = None,
+) -> DumpColumns:
+    """``DumpColumns`` of array-likes, which it coerces (the casts only satisfy mypy: its
+    dataclass fields, hence its ``__init__``, are annotated with the coerced type)."""
+    return DumpColumns(
+        cast(npt.NDArray[np.int64], ledger_ids),
+        cast(npt.NDArray[np.int64], entry_ids),
+        cast(npt.NDArray[np.int64], deliver_at),
+        cast("npt.NDArray[np.int64] | None", publish_time),
+    )
 
 
 # -- round trips ----------------------------------------------------------------------------------
@@ -335,7 +352,7 @@ def test_validate_batch_on_pandas_and_arrow() -> None:
     with pytest.raises(ValueError, match="row_numbers has 1 entries for 2 rows"):
         validate_batch(table, row_numbers=[1])
     with pytest.raises(ValueError, match="row_numbers has 1 entries for 2 rows"):
-        resolve_duplicates(DumpColumns([1, 2], [0, 0], [1, 1]), [5])
+        resolve_duplicates(dump_columns([1, 2], [0, 0], [1, 1]), [5])
 
 
 def test_conflicts_across_batches_reject_every_row() -> None:
@@ -368,7 +385,7 @@ def test_find_conflicts_and_duplicates() -> None:
 
 
 def test_resolve_duplicates_sorts_unordered_rows() -> None:
-    columns = DumpColumns([3, 1, 2, 1], [0, 9, 0, 9], [7, 8, -1, 8], [1, 2, 3, 4])
+    columns = dump_columns([3, 1, 2, 1], [0, 9, 0, 9], [7, 8, -1, 8], [1, 2, 3, 4])
     got, rows, report = resolve_duplicates(columns, [10, 11, 12, 13])
     assert got.ledger_ids.tolist() == [1, 2, 3] and rows.tolist() == [11, 12, 10]
     assert got.publish_time is not None and got.publish_time.tolist() == [2, 3, 1]
@@ -439,30 +456,30 @@ def test_writer_is_atomic(tmp_path: Path) -> None:
     path = tmp_path / "d.parquet"
     write_dump(path, generate_dump(10))
     before = path.read_bytes()
-    bad = DumpColumns([1, 2], [0, ENTRY_ID_LIMIT], [5, 5])
+    bad = dump_columns([1, 2], [0, ENTRY_ID_LIMIT], [5, 5])
     for fmt in DUMP_FORMATS:
         with pytest.raises(ValueError, match="2\\*\\*32"):
             write_dump(path, bad, fmt=fmt)
     with pytest.raises(ValueError, match=">= 0"):
-        write_dump(path, DumpColumns([-1], [0], [5]))
+        write_dump(path, dump_columns([-1], [0], [5]))
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["d.parquet"]
     with pytest.raises(ValueError, match="every chunk"), DumpWriter(tmp_path / "x.csv") as w:
         w.write(generate_dump(3))
-        w.write(DumpColumns([9], [0], [1]))
+        w.write(dump_columns([9], [0], [1]))
     assert os.listdir(tmp_path) == ["d.parquet"]
     with pytest.raises(DumpError, match="Parquet files are compressed inside"):
         DumpWriter(tmp_path / "d.parquet.gz")
 
 
 def test_dump_columns_contract() -> None:
-    columns = DumpColumns([1, 2], [0, 0], [-7, 5])
+    columns = dump_columns([1, 2], [0, 0], [-7, 5])
     assert columns.deliver_at.tolist() == [-1, 5] and columns.deliver_at.dtype == np.int64
     assert columns.delayed_mask.tolist() == [False, True] and len(columns) == 2
     with pytest.raises(ValueError, match="equal lengths"):
-        DumpColumns([1, 2], [0], [5, 5])
+        dump_columns([1, 2], [0], [5, 5])
     with pytest.raises(ValueError, match="one-dimensional"):
-        DumpColumns([[1]], [[0]], [[5]])
+        dump_columns([[1]], [[0]], [[5]])
 
 
 def test_reject_report_merge_and_json() -> None:
@@ -562,7 +579,7 @@ def test_delay_mix_midnight_burst() -> None:
 
 def test_generator_arguments_are_checked() -> None:
     with pytest.raises(TypeError):
-        generate_dump(True)  # type: ignore[arg-type]
+        generate_dump(True)
     with pytest.raises(ValueError, match="n must be"):
         generate_dump(-1)
     with pytest.raises(ValueError, match="unknown delay_mix"):
@@ -706,11 +723,11 @@ def test_fractional_values_in_a_batch_are_rejected() -> None:
 
 
 def test_dump_columns_refuse_fractions() -> None:
-    assert DumpColumns([1.0], [5.0], [9.0]).entry_ids.tolist() == [5]  # integral floats: fine
+    assert dump_columns([1.0], [5.0], [9.0]).entry_ids.tolist() == [5]  # integral floats: fine
     for bad in ([5.5], [float("nan")], [2.0**60]):
         with pytest.raises(TypeError, match="not truncated"):
-            DumpColumns([1], bad, [9])
+            dump_columns([1], bad, [9])
     with pytest.raises(TypeError):
         find_conflicts([1, 1], [0, 0.5], [5, 5])
     with pytest.raises(TypeError):
-        resolve_duplicates(DumpColumns([1], [0], [5]), row_numbers=[0.5])
+        resolve_duplicates(dump_columns([1], [0], [5]), row_numbers=[0.5])

@@ -59,7 +59,12 @@ def test_waiting_on_a_future_runs_the_queue_up_to_it() -> None:
     executor = ManualExecutor()
     ran: list[int] = []
     executor.submit(ran.append, 1)
-    future = executor.submit(lambda: ran.append(2) or "done")
+
+    def second() -> str:
+        ran.append(2)
+        return "done"
+
+    future = executor.submit(second)
     assert future.result() == "done"  # a real executor's future would block here forever
     assert ran == [1, 2]
 

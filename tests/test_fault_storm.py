@@ -47,6 +47,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -330,7 +331,8 @@ def violations(run: Run, d: Dispatcher) -> list[str]:
     expect(not intents, f"pending intents: {intents}")
     dead = [i.snapshot_id for i in manifest.dead_letters]
     expect(not dead, f"dead letters: {dead}")
-    durable = {b.snapshot_id for b in index.buckets() if b.state == "durable"}
+    # A durable bucket is stored: its snapshot_id is set.
+    durable = cast("set[str]", {b.snapshot_id for b in index.buckets() if b.state == "durable"})
     expect(
         objects == manifest.live_ids() == durable,
         f"objects {sorted(objects)}, live in the manifest {sorted(manifest.live_ids())}, "

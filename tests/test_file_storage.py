@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from delayindex.snapshot.codec import read_header
 from delayindex.snapshot.format import Segment, SnapshotMetadata, build_snapshot
 from delayindex.storage import FileStorage, Manifest, encode_manifest
 
-Snapshot = tuple[SnapshotMetadata, list[Segment]]
+Snapshot = tuple[SnapshotMetadata, Sequence[Segment]]
 SRC = str(Path(delayindex.__file__).resolve().parents[1])
 
 

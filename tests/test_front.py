@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -24,8 +25,9 @@ from delayindex import ManualClock, _impl
 from delayindex.errors import TrackerClosedError
 from delayindex.tracker.in_memory import _ClosedCore
 
-native_module = _impl.native_module_or_none()
-assert native_module is not None, "the native extension must be built for the differential test"
+_native = _impl.native_module_or_none()
+assert _native is not None, "the native extension must be built for the differential test"
+native_module: ModuleType = _native  # declared narrowed: functions see the declared type
 
 _BAD_IDS: list[Any] = [-1, 2**32, 2**63, True, 1.5, "1"]
 # Mostly valid (shrinking towards them), so that adds, polls and cancels meet tracked messages.
@@ -85,7 +87,7 @@ class Side:
 
 def _cores(bucket: bool) -> tuple[Any, Any]:
     if bucket:
-        settings_ = {
+        settings_: dict[str, Any] = {
             "tick_ms": 1,
             "strict": False,
             "fixed_delay_lookahead": 0,

@@ -8,6 +8,7 @@ round trip are in test_cli_inspect_gc.py.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,9 @@ class SimulatedCrash(Exception):
     """Raised by a crash hook to stop a catalog between two protocol steps."""
 
 
-def snap(first_ledger: int, n: int = 20, seed: int = 1) -> tuple[SnapshotMetadata, list[Segment]]:
+def snap(
+    first_ledger: int, n: int = 20, seed: int = 1
+) -> tuple[SnapshotMetadata, Sequence[Segment]]:
     rng = np.random.default_rng(seed)
     return build_snapshot(
         rng.integers(T0, T0 + HOUR, n),

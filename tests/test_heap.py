@@ -290,6 +290,7 @@ def test_push_numpy_scalar_extremes(heap_cls: Any) -> None:
 
 def test_pop_due_and_remove_reject_non_ints(heap_cls: Any) -> None:
     heap = _filled(heap_cls, [(1, 1, 1)])
+    args: tuple[object, object]
     for args in [(1.5, 1), ("x", 1), (None, 1), (1, 1.0), (1, None)]:
         with pytest.raises(TypeError):
             heap.pop_due(*args)

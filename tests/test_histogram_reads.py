@@ -16,6 +16,7 @@ import pytest
 
 from delayindex import DelayIndex, FileStorage, ManualClock, MemoryStorage, TrackerConfig
 from delayindex.errors import SnapshotCorruptError
+from delayindex.snapshot.codec import decode_metadata
 from delayindex.storage import _base_objects
 
 T0 = 1_000_000
@@ -55,7 +56,7 @@ def storage(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
 
 def _count_metadata_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    real = _base_objects.decode_metadata
+    real = decode_metadata  # the function _base_objects imported
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)

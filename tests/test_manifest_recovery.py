@@ -171,7 +171,7 @@ def test_objects_without_an_origin_still_decode() -> None:
 
 
 def _recovered_warning(stats: dict[str, Any]) -> str:
-    found = [w for w in stats["warnings"] if "recovered from" in w]
+    found: list[str] = [w for w in stats["warnings"] if "recovered from" in w]
     assert len(found) == 1, stats["warnings"]
     assert any("recovered from" in p for p in stats["storage_problems"])
     assert "at-least-once" in found[0]

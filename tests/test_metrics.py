@@ -195,6 +195,7 @@ def test_the_exporter_reports_every_family_over_http(exporter: tuple[Any, int]) 
     metrics = scrape(port)
     assert set(metrics) >= FAMILIES, sorted(FAMILIES - set(metrics))
 
+    tracker: InMemoryTracker | DelayIndex | SharedDelayIndex  # the two loops below
     for name, tracker in (("metrics-di", index), ("metrics-shared", shared)):
         st = tracker.stats()
         assert value(metrics, "delayindex_buckets", index=name) == st["buckets"]
@@ -390,6 +391,7 @@ def test_every_warning_is_logged_once_per_distinct_problem(
         quarantined = [b.snapshot_id for b in index.buckets() if b.state == "quarantined"]
         assert quarantined and stats["problems"]
         for snapshot_id in quarantined:
+            assert snapshot_id is not None  # a stored bucket's
             assert any(snapshot_id in m and "quarantined" in m for m in logged)
         assert any("dead letter" in m for m in logged) and stats["dead_letters"]
     finally:

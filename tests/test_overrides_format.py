@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 from pyroaring import BitMap
 
 from delayindex import DelayIndex, ManualClock, MemoryStorage
+from delayindex._cancelset import pack_cancelled, unpack_cancelled
 from delayindex.errors import SnapshotCorruptError
-from delayindex.storage._overrides import Overrides, pack_cancelled, unpack_cancelled
+from delayindex.storage._overrides import Overrides
 from delayindex.storage.manifest import Manifest, decode_manifest, encode_manifest
 
 WHERE = "test-manifest"
@@ -64,7 +65,9 @@ def test_pack_round_trips(ps: list[tuple[int, int]]) -> None:
 
 
 @given(clustered, moves)
-def test_manifest_round_trips_with_overrides(ps: list[tuple[int, int]], moved: tuple) -> None:
+def test_manifest_round_trips_with_overrides(
+    ps: list[tuple[int, int]], moved: tuple[tuple[int, int, int], ...]
+) -> None:
     overrides = Overrides.from_arrays(*_arrays(ps), moved)
     manifest = Manifest(name="m", version=3, overrides=overrides)
     data = encode_manifest(manifest)

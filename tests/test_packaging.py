@@ -50,7 +50,7 @@ def test_version_option_names_the_build(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_every_tracker_reports_its_build() -> None:
-    trackers = [
+    trackers: list[InMemoryTracker | DelayIndex | SharedDelayIndex] = [
         InMemoryTracker(),
         DelayIndex.open(MemoryStorage(), "i"),
         SharedDelayIndex.open(MemoryStorage(), "s"),

@@ -41,4 +41,5 @@ def test_pipeline_result_flags_problems() -> None:
         {"recovered": 4},
         {"rejected_rows": 1},
     ):
-        assert not DemoResult(**{"expected": 5, "recovered": 5, "verify_ok": True, **broken}).ok
+        fields: dict[str, Any] = {"expected": 5, "recovered": 5, "verify_ok": True, **broken}
+        assert not DemoResult(**fields).ok

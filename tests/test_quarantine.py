@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import numpy as np
 import pytest
@@ -26,6 +28,7 @@ from delayindex import (
 )
 from delayindex.executors import InlineExecutor
 from delayindex.snapshot.codec import header_bytes_needed, read_header
+from delayindex.timers import Timer
 
 T0 = 1_000_000
 NAME = "q"
@@ -45,11 +48,18 @@ def config(**overrides: object) -> TrackerConfig:
     return TrackerConfig(**settings)  # type: ignore[arg-type]
 
 
+class OpenOptions(TypedDict, total=False):
+    """The keyword arguments of ``DelayIndex.open`` that ``open_index`` passes on."""
+
+    timer: Timer | None
+    on_ready: Callable[[], object] | None
+
+
 def open_index(storage: MemoryStorage, clock: ManualClock, cfg: TrackerConfig | None = None,
-               **kwargs: object) -> DelayIndex:  # fmt: skip
+               **kwargs: Unpack[OpenOptions]) -> DelayIndex:  # fmt: skip
     return DelayIndex.open(
         storage, NAME, cfg or config(), clock=clock, executor=InlineExecutor(), **kwargs
-    )  # type: ignore[arg-type]
+    )
 
 
 @dataclass
@@ -182,7 +192,8 @@ def test_repair_from_the_dump_delivers_what_an_undamaged_index_would() -> None:
             [result] = index.repair_quarantined(as_dump(schedule))
             assert (result.damaged_snapshot_id, result.num_messages) == (sid, 6)
             assert index.quarantined() == []
-            assert storage.read_manifest(NAME).quarantine(sid).state == "repaired"
+            record = storage.read_manifest(NAME).quarantine(sid)
+            assert record is not None and record.state == "repaired"
             assert storage.raw_object(sid)  # the damaged object is kept
             stamped = storage.get_metadata(result.snapshot_id)
             assert (stamped.index_name, stamped.has_origin) == (NAME, True)  # self-describing

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from delayindex import DelayIndex, FileStorage, ManualClock, MemoryStorage, TrackerConfig
+from delayindex import DelayIndex, FileStorage, ManualClock, MemoryStorage, Position, TrackerConfig
 from delayindex.errors import SnapshotCorruptError
 from delayindex.snapshot.format import build_snapshot
 from delayindex.storage._base_raw import ObjectSource
@@ -389,7 +389,7 @@ def test_nothing_is_read_ahead_for_batches_due_beyond_the_horizon(tmp_path: Path
     store.close()
 
 
-def _backlog_drain(index: DelayIndex, clock: ManualClock) -> list[list[object]]:
+def _backlog_drain(index: DelayIndex, clock: ManualClock) -> list[list[Position]]:
     """Everything is due at once (a dispatcher back after downtime): poll until empty."""
     clock.advance(10**9)
     batches = []

@@ -325,7 +325,8 @@ def test_build_bucket_cuts_with_the_config_segment_limits() -> None:
 
 # -- the equivalence (acceptance) ------------------------------------------------------------------
 
-EQUIVALENCE_CASES = {
+#: Case name: (workload arguments, config changes, mark-delete position).
+EQUIVALENCE_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], tuple[int, int] | None]] = {
     "realistic": ({"seed": 1, "entries_per_ledger": 37}, {}, None),
     "fixed-ties-strict": (
         {"seed": 2, "entries_per_ledger": 100, "delay_mix": "fixed", "after_ms": 60_400},

@@ -204,9 +204,9 @@ def test_bad_names_and_closed_views() -> None:
     for ledger, entry, match in ((True, 1, "ledger_id"), (1, 1.5, "entry_id"),
                                  (2**64, 1, "ledger_id"), (1, -1, "entry_id")):  # fmt: skip
         with pytest.raises((TypeError, ValueError), match=match):
-            a.contains(ledger, entry)
+            a.contains(ledger, entry)  # type: ignore[arg-type]  # a bool or float id on purpose
         with pytest.raises((TypeError, ValueError), match=match):
-            shared.add(ledger, entry, T0 + 10)
+            shared.add(ledger, entry, T0 + 10)  # type: ignore[arg-type]  # (as above)
     shared.close()
     assert len(a) == 0 and not a.contains(1, 1) and a.next_delivery_time() is None
     with pytest.raises(TrackerClosedError):

@@ -45,6 +45,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
@@ -661,7 +662,10 @@ def test_the_due_logs_time_bound_covers_keys_that_came_late() -> None:
     from delayindex.tracker._duelog import DueLog
 
     log = DueLog(memory_keys=100)
-    column = lambda *values: np.array(values, dtype=np.int64)  # noqa: E731
+
+    def column(*values: int) -> npt.NDArray[np.int64]:
+        return np.array(values, dtype=np.int64)
+
     log.append(column(10_017, 10_031), column(5, 4), column(0, 0))
     log.append(column(10_020), column(3), column(0))  # a deferred bucket's key, late
     assert log.min_time_from(0) == 10_017

@@ -234,6 +234,7 @@ def test_the_rebuild_command_exits_cleanly(
     from delayindex.dump import generate_dump, write_dump
 
     columns = generate_dump(500, entries_per_ledger=50)
+    assert columns.publish_time is not None  # the generator writes one
     write_dump(tmp_path / "d.parquet", columns)
     temp = tmp_path / "tmp"
     temp.mkdir()

@@ -91,7 +91,9 @@ def test_local_session_checks_its_arguments() -> None:
         ({"mark_delete": (-1, 0)}, ValueError, "ledger_id"),
     ],
 )
-def test_rebuild_arguments_are_checked_up_front(kwargs: dict, error: type, match: str) -> None:
+def test_rebuild_arguments_are_checked_up_front(
+    kwargs: dict[str, Any], error: type, match: str
+) -> None:
     from delayindex import TrackerConfig
 
     args = {"name": "n", "config": TrackerConfig(), "now_ms": 0, "mark_delete": None, **kwargs}
@@ -191,7 +193,8 @@ def _parquet(path: Path, ledgers: list[Any], row_group_size: int, **extra: Any) 
 
 
 def test_slices_cover_every_ledger_once_and_balance_the_rows(tmp_path: Path) -> None:
-    ledgers = [lg for lg in range(1, 101) for _ in range(10)]  # 1000 rows, 100 ledgers
+    # 1000 rows, 100 ledgers:
+    ledgers: list[int | None] = [lg for lg in range(1, 101) for _ in range(10)]
     ledgers[3] = None  # a null id: slice 0 takes it
     dump = _parquet(tmp_path / "d.parquet", ledgers, row_group_size=64)
     source = _resolve_dump(dump, None)

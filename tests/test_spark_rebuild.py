@@ -86,7 +86,8 @@ def _no_leftovers(storage: FileStorage) -> None:
 # -- equivalence with the single-process rebuild --------------------------------------------------
 
 
-CASES = {
+#: Case name: (generator arguments, config changes, mark-delete position, dump file name).
+CASES: dict[str, tuple[dict[str, Any], dict[str, Any], tuple[int, int] | None, str]] = {
     # A single Parquet file, realistic delays, merging on, no mark.
     "parquet-realistic-merged": (
         {"n": 12_000, "entries_per_ledger": 150, "seed": 11},

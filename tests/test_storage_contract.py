@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from delayindex.errors import (
@@ -42,7 +43,7 @@ from delayindex.storage import (
 )
 from delayindex.storage.memory import InjectedIOError
 
-Snapshot = tuple[SnapshotMetadata, list[Segment]]
+Snapshot = tuple[SnapshotMetadata, Sequence[Segment]]
 
 
 def make_snapshot(
@@ -216,7 +217,8 @@ def test_segment_times_without_the_metadata(backend: Backend, snap: Snapshot) ->
     with pytest.raises(ValueError, match="bad segment range"):
         backend.storage.get_segment_times("k", [(1, 2), (0, 1)], *columns)
     with pytest.raises(ValueError, match="differ in length"):
-        backend.storage.get_segment_times("k", [(1, 1)], metadata.mins, metadata.maxs, [1])
+        short = cast(npt.NDArray[np.int64], [1])  # a list: the columns are coerced with asarray
+        backend.storage.get_segment_times("k", [(1, 1)], metadata.mins, metadata.maxs, short)
     assert backend.storage.stats()["get_segments"]["calls"] == calls  # validated first
     with pytest.raises(SnapshotNotFoundError):
         backend.storage.get_segment_times("missing", [(1, 1)], *columns)

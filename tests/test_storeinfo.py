@@ -7,6 +7,7 @@ time and due counts can be written down; stores are written through real Catalog
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,7 +35,7 @@ class SimulatedCrash(Exception):
     """Raised by a crash hook to stop a catalog between two protocol steps."""
 
 
-def snap(ledger: int, offsets: list[int]) -> tuple[SnapshotMetadata, list[Segment]]:
+def snap(ledger: int, offsets: list[int]) -> tuple[SnapshotMetadata, Sequence[Segment]]:
     """A bucket of ``ledger`` with one index per offset (deliver_at = T0 + offset), two per
     segment."""
     n = len(offsets)

@@ -173,7 +173,12 @@ def test_manual_timer_order_cascade_and_validation() -> None:
     timer = ManualTimer(clock)
     log: list[str] = []
     timer.schedule(20, lambda: log.append("b"))
-    timer.schedule(10, lambda: (log.append("a"), timer.schedule(0, lambda: log.append("a2"))))
+
+    def a_then_a2() -> None:
+        log.append("a")
+        timer.schedule(0, lambda: log.append("a2"))
+
+    timer.schedule(10, a_then_a2)
     cancelled = timer.schedule(15, lambda: log.append("never"))
     assert cancelled.cancel()
     assert timer.next_deadline() == 10
@@ -234,7 +239,11 @@ def test_asyncio_timer_same_and_other_thread() -> None:
         timer.schedule(2, lambda: log.append("never")).cancel()
 
         def from_thread() -> None:
-            timer.schedule(5, lambda: (log.append("thread"), done.set()))
+            def log_and_finish() -> None:
+                log.append("thread")
+                done.set()
+
+            timer.schedule(5, log_and_finish)
 
         await loop.run_in_executor(None, from_thread)
         await asyncio.wait_for(done.wait(), 5)

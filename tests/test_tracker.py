@@ -72,6 +72,10 @@ class _OneSubscription:
     """A shared index with one subscription, seen as one tracker: the index's ``add`` and the
     subscription's reads (the issue's "a Subscription plus the index's add")."""
 
+    # Two of the methods bound in __init__, declared for the type checker.
+    flush: Callable[[], None]
+    _check: Callable[[], None]
+
     def __init__(self, shared: SharedDelayIndex) -> None:
         self.shared = shared
         self.sub = shared.subscribe("only")
