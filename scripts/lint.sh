@@ -5,7 +5,8 @@ cd "$(dirname "$0")/.."
 echo "---- ruff"
 ruff check src tests benchmarks scripts setup.py
 ruff format --check src tests benchmarks scripts setup.py
-echo "---- mypy"
+echo "---- mypy (the library, then the tests; both strict)"
 mypy
+mypy tests
 echo "---- cython-lint"
 cython-lint cython/
