@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -52,13 +52,10 @@ def _record(group: str, name: str, kind: str, seconds: float, **info: Any) -> di
     }
 
 
-#: A ``**`` argument of record factors (``{"name[kind]": factor}``) to ``_run`` or ``_long_run``,
-#: cast to this loose type: mypy matches a ``dict[str, float]`` against ``kinds`` (``stretch``) too.
-Factors = dict[str, Any]
-
-
 def _run(
-    scale: float = 1.0, kinds: dict[str, float] | None = None, **slower: float
+    scale: float = 1.0,
+    kinds: dict[str, float] | None = None,
+    slower: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """A run: six time groups of three structures and a memory group. ``scale`` multiplies
     every time (the machine), ``kinds[kind]`` every time of a structure, ``slower[name]`` one
@@ -74,7 +71,9 @@ def _run(
     )
     for row in rows:
         kind = row["extra_info"]["kind"]
-        row["stats"]["min"] *= scale * (kinds or {}).get(kind, 1.0) * slower.get(row["name"], 1.0)
+        row["stats"]["min"] *= (
+            scale * (kinds or {}).get(kind, 1.0) * (slower or {}).get(row["name"], 1.0)
+        )
     return {"machine_info": {"node": "test"}, "benchmarks": rows}
 
 
@@ -161,13 +160,13 @@ def test_a_structure_is_gated_on_its_mean_over_the_runs(
 def test_one_record_far_slower_fails_and_is_listed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _gate(tmp_path, _run(**cast(Factors, {"poll[in_memory]": 2.0})), _run()) == 1
+    assert _gate(tmp_path, _run(slower={"poll[in_memory]": 2.0}), _run()) == 1
     out = capsys.readouterr().out
     assert "REGRESSION: 1 of 13 benchmarks are more than 50% worse" in out
     assert "tracker-poll-1e5: in_memory row [poll[in_memory]]: time x2.00" in out
     # Within 50 %, and the structure's mean (1.4 ** (1/6)) within 15 %:
-    assert _gate(tmp_path, _run(**cast(Factors, {"poll[in_memory]": 1.4})), _run()) == 0
-    assert _gate(tmp_path, _run(**cast(Factors, {"poll[in_memory]": 1.4})), _run(),
+    assert _gate(tmp_path, _run(slower={"poll[in_memory]": 1.4}), _run()) == 0
+    assert _gate(tmp_path, _run(slower={"poll[in_memory]": 1.4}), _run(),
                  "--row-tolerance", "0.2") == 1  # fmt: skip
 
 
@@ -175,9 +174,7 @@ def test_the_baselines_are_never_gated_but_measure_the_machine(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert _gate(tmp_path, _run(kinds={"heapq": 2.0}), _run()) == 0
-    assert (
-        _gate(tmp_path, _run(**cast(Factors, {"add[heapq]": 0.5, "poll[heapq]": 3.0})), _run()) == 0
-    )
+    assert _gate(tmp_path, _run(slower={"add[heapq]": 0.5, "poll[heapq]": 3.0}), _run()) == 0
     # Every reference twice as fast and ours unchanged: the machine ran twice as fast, so all
     # our structures together are slower (a reference row itself is never listed).
     capsys.readouterr()
@@ -188,7 +185,7 @@ def test_the_baselines_are_never_gated_but_measure_the_machine(
 
 def test_memory_groups_compare_bytes_not_time(tmp_path: Path) -> None:
     # The probe's wall time is not gated:
-    slow_probe = _run(**cast(Factors, {"mem[delay_index]": 10.0}))
+    slow_probe = _run(slower={"mem[delay_index]": 10.0})
     assert _gate(tmp_path, slow_probe, _run()) == 0
     fatter = _run()
     fatter["benchmarks"][-1]["extra_info"]["rss_bytes_per_msg"] = 40.0  # x1.8: one record
@@ -238,7 +235,7 @@ def test_write_baseline_keeps_what_the_gate_reads(tmp_path: Path) -> None:
     assert "data" not in data["benchmarks"][1]["stats"]
     assert "phases" not in data["benchmarks"][1]["extra_info"]
     assert gate.ratios(gate.load_records(reduced)) == gate.ratios(full["benchmarks"])
-    slower = _write(tmp_path / "slow.json", _run(**cast(Factors, {"poll[delay_index]": 2.0})))
+    slower = _write(tmp_path / "slow.json", _run(slower={"poll[delay_index]": 2.0}))
     assert gate.main([str(slower), "--baseline", str(reduced)]) == 1
 
 
@@ -258,8 +255,8 @@ def test_gate_runs_as_a_script(tmp_path: Path) -> None:
 def test_several_runs_gate_each_record_on_its_best_change(tmp_path: Path) -> None:
     """Noise in one run (a different record each time) passes; a slowdown in every run fails."""
     base = _write(tmp_path / "base.json", _run())
-    noisy_a = _write(tmp_path / "a.json", _run(**cast(Factors, {"add[delay_index]": 2.0})))
-    noisy_b = _write(tmp_path / "b.json", _run(**cast(Factors, {"poll[delay_index]": 2.0})))
+    noisy_a = _write(tmp_path / "a.json", _run(slower={"add[delay_index]": 2.0}))
+    noisy_b = _write(tmp_path / "b.json", _run(slower={"poll[delay_index]": 2.0}))
     assert gate.main([str(noisy_a), "--baseline", str(base)]) == 1  # one run alone: noise fails
     assert gate.main([str(noisy_a), str(noisy_b), "--baseline", str(base)]) == 0
     slow_a = _write(tmp_path / "sa.json", _run(kinds={"delay_index": 1.3}))
@@ -271,7 +268,7 @@ def test_baseline_from_several_runs_stores_speed_normalized_medians(tmp_path: Pa
     runs = [
         _write(
             tmp_path / f"r{i}.json",
-            _run(scale=scale, **cast(Factors, {"add[delay_index]": factor})),
+            _run(scale=scale, slower={"add[delay_index]": factor}),
         )
         for i, (scale, factor) in enumerate([(1.0, 1.0), (2.0, 1.4), (0.5, 3.0)])
     ]
@@ -372,7 +369,7 @@ def test_a_record_that_says_it_is_ungated_is_reported_not_gated(
     assert "mem[delay_index]]: bytes/msg x2.00 of the baseline (+100%); allocator-dependent" in out
 
 
-def _long_run(stretch: range = range(0), **slower: float) -> dict[str, Any]:
+def _long_run(stretch: range = range(0), slower: dict[str, float] | None = None) -> dict[str, Any]:
     """A quick tier's worth of records (40 groups of three structures), in execution order;
     the records at the indexes of ``stretch`` 1.6x slower (a slow moment of the machine)."""
     rows = [
@@ -381,7 +378,7 @@ def _long_run(stretch: range = range(0), **slower: float) -> dict[str, Any]:
         for j, k in enumerate(KINDS)
     ]
     for n, row in enumerate(rows):
-        row["stats"]["min"] *= (1.6 if n in stretch else 1.0) * slower.get(row["name"], 1.0)
+        row["stats"]["min"] *= (1.6 if n in stretch else 1.0) * (slower or {}).get(row["name"], 1.0)
     return {"machine_info": {"node": "test"}, "benchmarks": rows}
 
 
@@ -399,7 +396,7 @@ def test_a_slow_stretch_of_the_run_is_not_a_regression(
         gate.gate_factors.LOCAL_WINDOW = saved
     # One record alone 1.6x slower among unchanged neighbours is still a regression.
     capsys.readouterr()
-    assert _gate(tmp_path, _long_run(**cast(Factors, {"op9[delay_index]": 1.6})), _long_run()) == 1
+    assert _gate(tmp_path, _long_run(slower={"op9[delay_index]": 1.6}), _long_run()) == 1
     assert "op9[delay_index]]: time x1.60 of the baseline (+60%)" in capsys.readouterr().out
 
 
@@ -433,8 +430,8 @@ def test_confirm_reruns_only_a_failing_runs_offenders_and_references(
     tmp_path: Path, rerun: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     # One record 2x slower in the run, as it was in the rerun: confirmed, still a regression.
-    rerun["run"] = _named(_run(**cast(Factors, {"add[delay_index]": 2.0})))
-    slow = _named(_run(**cast(Factors, {"add[delay_index]": 2.0})))
+    rerun["run"] = _named(_run(slower={"add[delay_index]": 2.0}))
+    slow = _named(_run(slower={"add[delay_index]": 2.0}))
     assert _gate(tmp_path, slow, _run(), "--confirm") == 1
     assert len(rerun["calls"]) == 2  # still failing after the first: --confirm-rounds (2)
     (ids, tier), again = rerun["calls"]
@@ -453,7 +450,7 @@ def test_confirm_reruns_only_a_failing_runs_offenders_and_references(
 
 def test_confirm_passes_an_accident_of_one_process(tmp_path: Path, rerun: dict[str, Any]) -> None:
     """A record slow in the run but not in the rerun (a layout or scheduling accident)."""
-    noisy = _named(_run(**cast(Factors, {"add[delay_index]": 2.0})))
+    noisy = _named(_run(slower={"add[delay_index]": 2.0}))
     assert _gate(tmp_path, noisy, _run()) == 1  # without --confirm it fails
     assert _gate(tmp_path, noisy, _run(), "--confirm") == 0
 
@@ -498,7 +495,7 @@ def test_confirm_corrects_for_a_machine_that_sped_up(tmp_path: Path, rerun: dict
     assert _gate(tmp_path, _named(_run(kinds={"in_memory": 1.3})), _run(), "--confirm") == 1
     # ... and a machine that slowed down does not turn a clean rerun into a regression.
     rerun["run"] = _named(_run(scale=1.5))
-    noisy = _named(_run(**cast(Factors, {"add[delay_index]": 2.0})))
+    noisy = _named(_run(slower={"add[delay_index]": 2.0}))
     assert _gate(tmp_path, noisy, _run(), "--confirm") == 0
 
 
@@ -517,13 +514,13 @@ def test_a_failed_rerun_exits_2(
         raise gate.gate_confirm.RerunError("confirmation rerun failed (exit 4): ['no tests']")
 
     monkeypatch.setattr(gate.gate_confirm, "run_again", broken)
-    slow = _named(_run(**cast(Factors, {"add[delay_index]": 2.0})))
+    slow = _named(_run(slower={"add[delay_index]": 2.0}))
     assert _gate(tmp_path, slow, _run(), "--confirm") == 2
     assert "confirmation rerun failed" in capsys.readouterr().err
 
 
 def test_confirm_stops_rerunning_once_it_passes(tmp_path: Path, rerun: dict[str, Any]) -> None:
-    noisy = _named(_run(**cast(Factors, {"add[delay_index]": 2.0})))
+    noisy = _named(_run(slower={"add[delay_index]": 2.0}))
     assert _gate(tmp_path, noisy, _run(), "--confirm", "--confirm-rounds", "5") == 0
     assert len(rerun["calls"]) == 1
 
@@ -548,7 +545,7 @@ def test_calibrated_figures_are_gated_instead_of_raw_times(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Raw times 2x noisy on one record, calibrated figures steady: passes.
-    run = _calibrated(_run(**cast(Factors, {"poll[in_memory]": 2.0})), speed=2.0)
+    run = _calibrated(_run(slower={"poll[in_memory]": 2.0}), speed=2.0)
     for row in run["benchmarks"]:
         if row["name"] != "poll[in_memory]" and "calibrated" in row["extra_info"]:
             row["extra_info"]["calibrated"] *= 2.0  # only that record's moment was slow
@@ -591,7 +588,7 @@ def test_simulated_slowdown_and_baselines_carry_the_calibrated_figure(tmp_path: 
     runs = [
         _write(
             tmp_path / f"r{i}.json",
-            _calibrated(_run(**cast(Factors, {"add[delay_index]": f})), speed=s),
+            _calibrated(_run(slower={"add[delay_index]": f}), speed=s),
         )
         for i, (s, f) in enumerate([(1.0, 1.0), (2.0, 1.4), (0.5, 3.0)])
     ]
