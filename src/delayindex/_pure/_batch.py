@@ -19,6 +19,8 @@ segments at once, each segment's payload starting on a byte boundary.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import numpy.typing as npt
 
@@ -226,21 +228,41 @@ def bit_lengths(spans: Int64Array) -> Int64Array:
     )
 
 
+def _chunks(bounds: Int64Array) -> Iterator[tuple[int, int]]:
+    """Segments ``[s, stop)`` in chunks of whole segments, at least one each, of at most
+    ``_PACK_CHUNK`` times unless one segment alone holds more (``bounds``: cumulative counts)."""
+    n_seg = len(bounds) - 1
+    s = 0
+    while s < n_seg:
+        stop = int(np.searchsorted(bounds, bounds[s] + _PACK_CHUNK, side="right")) - 1
+        stop = min(max(stop, s + 1), n_seg)
+        yield s, stop
+        s = stop
+
+
+def _value_places(
+    counts: Int64Array, bits: Int64Array, seg_starts: Int64Array
+) -> tuple[Int64Array, Int64Array, Int64Array, Int64Array]:
+    """Where each packed value's bits lie in the stream read as little-endian 64-bit words
+    (LSB-first bits, so the words' bytes are the format's): segment ``s`` holds ``counts[s]``
+    values of ``bits[s]`` bits from byte ``seg_starts[s]`` on. Returns per value its width, its
+    first bit's word and place in it, and the indexes of the values that spill into the next
+    word (past bit 63; the others must not be shifted by 64 there: undefined)."""
+    widths = np.repeat(bits, counts)
+    first_bit = np.repeat(8 * seg_starts, counts) + _ragged_arange(counts) * widths
+    shift = first_bit & 63
+    return widths, first_bit >> 6, shift, np.flatnonzero(shift + widths > 64)
+
+
 def pack_segments(
     times: Int64Array, bounds: Int64Array, mins: Int64Array, spans: Int64Array
 ) -> list[bytes]:
     """``pack_times(times[bounds[s]:bounds[s + 1]], mins[s], spans[s])`` for every segment
     ``s`` (each segment's times within its range: the caller made them so)."""
-    n_seg = len(bounds) - 1
     bits = bit_lengths(spans)
     out: list[bytes] = []
-    s = 0
-    while s < n_seg:
-        # A chunk of whole segments, at least one.
-        stop = int(np.searchsorted(bounds, bounds[s] + _PACK_CHUNK, side="right")) - 1
-        stop = min(max(stop, s + 1), n_seg)
+    for s, stop in _chunks(bounds):
         out.extend(_pack_chunk(times, bounds[s : stop + 1], mins[s:stop], bits[s:stop]))
-        s = stop
     return out
 
 
@@ -251,23 +273,16 @@ def _pack_chunk(
     counts = np.diff(bounds)
     offsets = times[lo:hi].astype(np.uint64) - np.repeat(mins.astype(np.uint64), counts)
     # Each segment's payload starts on a byte boundary and pads its last byte with zeros.
-    seg_bits = counts * bits
-    seg_bytes = (seg_bits + 7) // 8
+    seg_bytes = (counts * bits + 7) // 8
     at = np.cumsum(seg_bytes) - seg_bytes
     total_bytes = int(seg_bytes.sum())
-    # The stream as little-endian 64-bit words (LSB-first bits, so its bytes are the format's).
-    # A value lands in the word holding its first bit and spills into the next one past bit 63.
+    _, word, shift, spill = _value_places(counts, bits, at)
     # Values share no bit, so summing a word's contributions is OR-ing them; values come in
     # stream order, so each word's contributions are one run (``reduceat``).
-    element_bits = np.repeat(bits, counts)
-    first_bit = np.repeat(8 * at, counts) + _ragged_arange(counts) * element_bits
-    word = first_bit >> 6
-    shift = first_bit & 63
     words = np.zeros(total_bytes // 8 + 2, dtype=np.uint64)
     if len(word):
         runs = np.flatnonzero(np.concatenate(([True], word[1:] != word[:-1])))
         words[word[runs]] = np.add.reduceat(offsets << shift.astype(np.uint64), runs)
-        spill = np.flatnonzero(shift + element_bits > 64)  # no shift by 64: undefined
         if len(spill):
             high = np.zeros(len(word), dtype=np.uint64)
             high[spill] = offsets[spill] >> (64 - shift[spill]).astype(np.uint64)
@@ -282,15 +297,11 @@ def unpack_segments(
     """Each segment's ``counts[s]`` times packed at ``bits[s]`` bits, ``bit_length`` of its
     span (the inverse of :func:`pack_segments`, less the minimum), back to back; the lengths
     are the caller's to check."""
-    out: list[npt.NDArray[np.uint64]] = []
     bounds = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=bounds[1:])
-    s = 0
-    while s < len(counts):
-        stop = int(np.searchsorted(bounds, bounds[s] + _PACK_CHUNK, side="right")) - 1
-        stop = min(max(stop, s + 1), len(counts))
-        out.append(_unpack_chunk(payloads[s:stop], counts[s:stop], bits[s:stop]))
-        s = stop
+    out = [
+        _unpack_chunk(payloads[s:stop], counts[s:stop], bits[s:stop]) for s, stop in _chunks(bounds)
+    ]
     return np.concatenate(out) if out else np.empty(0, dtype=np.uint64)
 
 
@@ -298,21 +309,17 @@ def _unpack_chunk(
     payloads: list[bytes], counts: Int64Array, bits: Int64Array
 ) -> npt.NDArray[np.uint64]:
     seg_bytes = np.array([len(p) for p in payloads], dtype=np.int64)
-    element_bits = np.repeat(bits, counts)
-    first_bit = np.repeat(8 * (np.cumsum(seg_bytes) - seg_bytes), counts)
-    first_bit += _ragged_arange(counts) * element_bits
-    # The inverse of _pack_chunk's words: a value is its first word's bits from its first bit
-    # on, plus the next word's low bits when it spills past bit 63.
+    widths, word, shift, spill = _value_places(counts, bits, np.cumsum(seg_bytes) - seg_bytes)
+    # The inverse of _pack_chunk: a value is its first word's bits from its first bit on, plus
+    # the next word's low bits when it spills past bit 63 (padded: that word always exists).
     joined = b"".join(payloads)
-    stream = np.frombuffer(joined + bytes(16 - len(joined) % 8), dtype="<u8")
-    word = first_bit >> 6
-    shift = first_bit & 63
+    stream: npt.NDArray[np.uint64] = np.frombuffer(
+        joined + bytes(16 - len(joined) % 8), dtype="<u8"
+    )
     value = stream[word] >> shift.astype(np.uint64)
-    spill = np.flatnonzero(shift + element_bits > 64)  # no shift by 64: undefined
     value[spill] |= stream[word[spill] + 1] << (64 - shift[spill]).astype(np.uint64)
     # Keep each value's own bits (a 64-bit one keeps all: no shift by 64 here either).
-    narrow = element_bits < 64
+    narrow = widths < 64
     mask = np.full(len(value), np.uint64(2**64 - 1), dtype=np.uint64)
-    mask[narrow] = (np.uint64(1) << element_bits[narrow].astype(np.uint64)) - np.uint64(1)
-    kept: npt.NDArray[np.uint64] = value & mask
-    return kept
+    mask[narrow] = (np.uint64(1) << widths[narrow].astype(np.uint64)) - np.uint64(1)
+    return value & mask
