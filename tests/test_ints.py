@@ -7,8 +7,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from delayindex._ints import INT64_MAX, as_int, int64_array
+from delayindex._ints import INT64_MAX, as_int, bit_lengths, int64_array
 from delayindex.rebuild import _array
 from delayindex.tracker.in_memory import as_int64_array
 from delayindex.workload import Workload
@@ -70,3 +72,17 @@ def test_helpers_share_the_strict_coercion(coerce: Any) -> None:
 def test_workload_refuses_floats() -> None:
     with pytest.raises(TypeError):
         Workload([1], [5.5], [1], [2])  # type: ignore[arg-type]
+
+
+@given(
+    st.lists(
+        st.integers(0, 2**63 - 1)
+        | st.sampled_from(
+            [2**k + d for k in range(63) for d in (-1, 0, 1) if 0 <= 2**k + d < 2**63]
+        )
+    )
+)
+def test_bit_lengths_is_int_bit_length(spans: list[int]) -> None:
+    got = bit_lengths(np.array(spans, dtype=np.int64))
+    assert got.dtype == np.int64
+    assert got.tolist() == [s.bit_length() for s in spans]

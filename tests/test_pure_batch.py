@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from pyroaring import BitMap
 
 from delayindex import _impl
+from delayindex._ints import bit_lengths
 from delayindex._pure import codec as pure
 from delayindex._pure._batch import (
-    bit_lengths,
     pack_segments,
     read_block,
     unpack_segments,
@@ -189,17 +189,3 @@ def test_pack_segments_in_chunks() -> None:
     assert got == [pure.pack_times(s, int(s.min()), int(s.max() - s.min())) for s in segments]
     back = unpack_segments(got, np.array(sizes, dtype=np.int64), bit_lengths(spans))
     assert np.array_equal(back.astype(np.int64) + np.repeat(mins, sizes), times)
-
-
-@given(
-    st.lists(
-        st.integers(0, 2**63 - 1)
-        | st.sampled_from(
-            [2**k + d for k in range(63) for d in (-1, 0, 1) if 0 <= 2**k + d < 2**63]
-        )
-    )
-)
-def test_bit_lengths_is_int_bit_length(spans: list[int]) -> None:
-    got = bit_lengths(np.array(spans, dtype=np.int64))
-    assert got.dtype == np.int64
-    assert got.tolist() == [s.bit_length() for s in spans]

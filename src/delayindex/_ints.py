@@ -17,12 +17,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["EXACT_FLOAT", "INT64_MAX", "INT64_MIN", "as_count", "as_int", "int64_array"]
+__all__ = [
+    "EXACT_FLOAT", "INT64_MAX", "INT64_MIN", "as_count", "as_int", "bit_lengths", "int64_array",
+]  # fmt: skip
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 #: Floats beyond this magnitude are not exact integers (53-bit mantissa).
 EXACT_FLOAT = 2**53
+#: 2**0 .. 2**62: every power of two an int64 can hold.
+_POWERS_OF_TWO = np.left_shift(np.int64(1), np.arange(63, dtype=np.int64))
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -120,3 +124,12 @@ def int64_array(values: object, name: str, *, integral_floats: bool = False) -> 
     if kind == "O":
         return _from_objects(array, name, integral_floats)
     raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
+
+
+def bit_lengths(values: npt.ArrayLike) -> Int64Array:
+    """``int.bit_length`` of each non-negative int64 value, vectorized and exact: the count of
+    powers of two at most the value (integer comparisons, no float ``log2``)."""
+    found: Int64Array = np.searchsorted(
+        _POWERS_OF_TWO, np.asarray(values, dtype=np.int64), side="right"
+    ).astype(np.int64)
+    return found

@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from delayindex._ints import bit_lengths
+
 #: Counters per tracker: on time, 1 ms, 2 ms, 4 ms, ... 2**17 ms, later.
 BUCKETS = 20
 
@@ -71,10 +73,7 @@ def batch(now: int, times: npt.NDArray[np.int64]) -> tuple[list[int], int]:
     buckets = np.zeros(len(late), dtype=np.int64)
     positive = late > 0
     if positive.any():
-        # bit_length(late - 1) + 1 for late >= 1, from float log2 of exact small ints; every
-        # value past 2**17 lands in the last counter, so the float's precision never matters.
-        minus = np.minimum(late[positive] - 1, 1 << 20).astype(np.float64)
-        bits = np.where(minus > 0, np.floor(np.log2(np.maximum(minus, 1))) + 1, 0)
-        buckets[positive] = np.minimum(bits.astype(np.int64) + 1, BUCKETS - 1)
+        # bucket_of: bit_length(late - 1) + 1 for late >= 1, capped at the last counter.
+        buckets[positive] = np.minimum(bit_lengths(late[positive] - 1) + 1, BUCKETS - 1)
     counts = np.bincount(buckets, minlength=BUCKETS).tolist()
     return counts, int(late[positive].sum())

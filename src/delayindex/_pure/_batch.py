@@ -24,6 +24,8 @@ from collections.abc import Iterator
 import numpy as np
 import numpy.typing as npt
 
+from delayindex._ints import bit_lengths
+
 Int64Array = npt.NDArray[np.int64]
 UInt32Array = npt.NDArray[np.uint32]
 BoolArray = npt.NDArray[np.bool_]
@@ -211,21 +213,11 @@ def read_block(raw: bytes, cuts: Int64Array) -> tuple[UInt32Array, Int64Array, B
 
 #: Segments are packed this many times at a time at most (bounds the temporaries).
 _PACK_CHUNK = 1 << 16
-#: 2**0 .. 2**62: every power of two an int64 can hold.
-_POWERS_OF_TWO = np.left_shift(np.int64(1), np.arange(63, dtype=np.int64))
 
 
 def bit_length(span: int) -> int:
     """Bits per packed time of a segment spanning ``span`` (the format's one width rule)."""
     return int(span).bit_length()
-
-
-def bit_lengths(spans: Int64Array) -> Int64Array:
-    """:func:`bit_length` of each span (non-negative int64)."""
-    # bit_length(x) counts the powers of two <= x: exact integer comparisons, no float log2.
-    return np.searchsorted(_POWERS_OF_TWO, np.asarray(spans, dtype=np.int64), side="right").astype(
-        np.int64
-    )
 
 
 def _chunks(bounds: Int64Array) -> Iterator[tuple[int, int]]:

@@ -17,9 +17,9 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
+from delayindex._ints import bit_lengths
 from delayindex._pure._batch import (
     bit_length,
-    bit_lengths,
     pack_segments,
     read_block,
     unpack_segments,
