@@ -9,7 +9,9 @@ Builds a small, fully deterministic snapshot and writes, for the current object 
                                       ledgers and every (deliver_at, ledger, entry) triple in
                                       segment order
 
-(``snapshot-v1`` is object version 1 with format 1, named before formats were numbered.)
+(``snapshot-v1`` is object version 1 with format 1, named before formats were numbered.) The
+same object with folded cancels is ``snapshot-vN-fF-folded`` (format 4 carries them or not);
+before format 4 it was a format of its own, ``snapshot-v1-f3``.
 
 The snapshot: the delayed messages of ``generate(600, seed=42, entries_per_ledger=100)`` (the
 realistic mix, about 300 indexes over 6 ledgers) plus one extra ledger whose 100 consecutive
@@ -45,7 +47,6 @@ import numpy as np  # noqa: E402
 from delayindex._cancelset import pack_cancelled  # noqa: E402
 from delayindex.snapshot.codec import OBJECT_VERSION, encode_snapshot  # noqa: E402
 from delayindex.snapshot.format import (  # noqa: E402
-    FOLDED_FORMAT_VERSION,
     FORMAT_VERSION,
     build_snapshot,
 )
@@ -63,12 +64,12 @@ RUN_DELAY_MS = 90_000  # the run ledger's entries are due 90 s after the workloa
 #: The current files' name, without suffix (see the module docstring).
 STEM = f"snapshot-v{OBJECT_VERSION}" + ("" if FORMAT_VERSION == 1 else f"-f{FORMAT_VERSION}")
 #: The same object with folded cancels (what a merge writes when its range had cancels).
-FOLDED_STEM = f"snapshot-v{OBJECT_VERSION}-f{FOLDED_FORMAT_VERSION}"
+FOLDED_STEM = f"{STEM}-folded"
 
 
 def build(folded: bool = False) -> tuple[bytes, dict[str, Any]]:
     """The golden object and its JSON description (deterministic); with ``folded``, the
-    object carries folded cancels (format 3)."""
+    object carries folded cancels."""
     w = generate(N_MESSAGES, seed=SEED, entries_per_ledger=ENTRIES_PER_LEDGER)
     mask = w.delayed_mask
     run_ledger = int(w.ledger_ids[-1]) + 1

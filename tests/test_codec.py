@@ -32,6 +32,7 @@ from delayindex.model import MAX_ENTRY_ID, MAX_LEDGER_ID
 from delayindex.pb import snapshot_pb2
 from delayindex.snapshot import codec
 from delayindex.snapshot.codec import (
+    FLAG_SPLIT,
     FLAG_ZSTD,
     decode_metadata,
     decode_segments,
@@ -42,6 +43,8 @@ from delayindex.snapshot.codec import (
     split_object,
 )
 from delayindex.snapshot.format import (
+    FORMAT_VERSION,
+    SPLIT_FORMAT_VERSION,
     PreparedSegments,
     Segment,
     SnapshotMetadata,
@@ -699,18 +702,39 @@ def test_garbage_and_foreign_objects(
 
 
 def _message(metadata: SnapshotMetadata) -> snapshot_pb2.SnapshotMetadata:
-    return snapshot_pb2.SnapshotMetadata.FromString(codec._metadata_payload(metadata))
+    """The metadata as one protobuf holding everything, bitmaps included (a format 4
+    metadata's bitmaps part is folded back into the format 2 fields, so that the cases below
+    can damage it the same way; :func:`_reframed` splits it again)."""
+    message = snapshot_pb2.SnapshotMetadata.FromString(codec._metadata_payload(metadata))
+    if metadata.format_version >= SPLIT_FORMAT_VERSION:
+        _store_bitmaps(message, list(metadata.bitmaps))
+    return message
 
 
 def _reframed(data: bytes, message: snapshot_pb2.SnapshotMetadata, *, zstd: bool = False) -> bytes:
-    """``data`` with its metadata replaced by ``message``, checksums valid."""
+    """``data`` with its metadata replaced by ``message``, checksums valid: one protobuf when
+    ``data`` is in a format before 4, else the columns and the bitmaps part (the message's
+    ``bitmap_sizes`` then ``bitmap_block``) in two parts."""
     _, entries = split_object(data, NAME)
-    payload = message.SerializeToString()
-    if zstd:
-        entries[0] = codec._frame(0, FLAG_ZSTD, zstandard.ZstdCompressor().compress(payload))
+    compress = zstandard.ZstdCompressor().compress if zstd else bytes
+    flags = FLAG_ZSTD if zstd else 0
+    if entries[0][0] & FLAG_SPLIT:
+        columns = snapshot_pb2.SnapshotMetadata()
+        columns.CopyFrom(message)
+        columns.ClearField("bitmap_sizes")
+        columns.ClearField("bitmap_block")
+        first = compress(columns.SerializeToString())
+        second = compress(message.bitmap_sizes + message.bitmap_block)
+        entries[0] = codec._frame(0, flags | FLAG_SPLIT, _varint(len(first)) + first + second)
     else:
-        entries[0] = codec._frame(0, 0, payload)
+        entries[0] = codec._frame(0, flags, compress(message.SerializeToString()))
     return pack_object(entries)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    codec._put_varint(out, value)
+    return bytes(out)
 
 
 def _set(field: str, index: int, value: int) -> Callable[[Any], None]:
@@ -860,11 +884,22 @@ SEMANTIC_CASES: dict[str, Callable[[Any], None]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def small() -> tuple[SnapshotMetadata, Sequence[Segment], bytes]:
-    """A small snapshot whose first segment has two ledgers and a non-zero span."""
+def _in_format(metadata: SnapshotMetadata, version: int) -> SnapshotMetadata:
+    """``metadata`` (no folded cancels) as format ``version`` (the same columns and bitmaps)."""
+    return SnapshotMetadata(
+        metadata.start_ledger, metadata.end_ledger, metadata.mins, metadata.maxs,
+        metadata.counts, metadata.ledger_offsets, metadata.ledgers, metadata.block, version,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=[2, FORMAT_VERSION], ids=lambda v: f"format{v}")
+def small(request: pytest.FixtureRequest) -> tuple[SnapshotMetadata, Sequence[Segment], bytes]:
+    """A small snapshot whose first segment has two ledgers and a non-zero span, in the format
+    written today and in format 2 (still read: a store written before format 4)."""
     triples = [(0, 4, 1), (3, 5, 2), (5, 4, 3), (100, 6, 0), (104, 6, 1), (200, 4, 9), (200, 7, 1)]
     metadata, segments = _build(triples, step=10, start_ledger=2, end_ledger=9)
+    metadata = _in_format(metadata, request.param)
+    segments = list(segments)
     assert metadata.num_segments == 3
     assert metadata.segments[0].ledgers == (4, 5)
     return metadata, segments, encode_snapshot(metadata, segments)
@@ -913,7 +948,20 @@ def test_header_and_metadata_disagree_on_segments(
 
 @pytest.mark.parametrize(
     "case",
-    ["metadata flags 0x02", "zstd flag on raw payload", "protobuf garbage", "zstd garbage"],
+    [
+        "metadata flags 0x04",
+        "zstd flag on raw payload",
+        "protobuf garbage",
+        "zstd garbage",
+        "one part marked as two",
+        "two parts marked as one",
+        "first part's length past the end",
+        "first part's length a bad varint",
+        "empty two-part payload",
+        "bitmaps part zstd garbage",
+        "bitmaps part raw under the zstd flag",
+        "bitmaps part empty",
+    ],
 )
 def test_bad_metadata_framing(
     small: tuple[SnapshotMetadata, Sequence[Segment], bytes], case: str
@@ -921,13 +969,34 @@ def test_bad_metadata_framing(
     metadata, _, data = small
     _, entries = split_object(data, NAME)
     raw = codec._metadata_payload(metadata)
+    split = _in_format(metadata, FORMAT_VERSION)
+    columns = codec._metadata_payload(split)
+    bitmaps = codec._bitmaps_part(split.block)
+    packed = zstandard.ZstdCompressor().compress
+    both = FLAG_ZSTD | FLAG_SPLIT
     entries[0] = {
-        "metadata flags 0x02": codec._frame(0, 0x02, raw),
+        "metadata flags 0x04": codec._frame(0, 0x04, raw),
         "zstd flag on raw payload": codec._frame(0, FLAG_ZSTD, raw),
         "protobuf garbage": codec._frame(0, 0, b"\xff\xff\xff\xff\xff"),
         "zstd garbage": codec._frame(0, FLAG_ZSTD, b"\x28\xb5\x2f\xfd\x00\x00\x01"),
+        "one part marked as two": codec._frame(0, FLAG_SPLIT, _varint(len(raw)) + raw),
+        "two parts marked as one": codec._frame(0, 0, columns),
+        "first part's length past the end": codec._frame(
+            0, FLAG_SPLIT, _varint(len(columns) + len(bitmaps) + 1) + columns + bitmaps
+        ),
+        "first part's length a bad varint": codec._frame(0, FLAG_SPLIT, b"\x80\x80"),
+        "empty two-part payload": codec._frame(0, FLAG_SPLIT, b""),
+        "bitmaps part zstd garbage": codec._frame(
+            0, both, _varint(len(packed(columns))) + packed(columns) + b"\x28\xb5\x2f\xfd\x00"
+        ),
+        "bitmaps part raw under the zstd flag": codec._frame(
+            0, both, _varint(len(packed(columns))) + packed(columns) + bitmaps
+        ),
+        "bitmaps part empty": codec._frame(0, FLAG_SPLIT, _varint(len(columns)) + columns),
     }[case]
     _assert_corrupt(pack_object(entries), case)
+    with pytest.raises(SnapshotCorruptError, match=NAME):
+        decode_metadata(entries[0], NAME)
 
 
 @pytest.mark.parametrize(
@@ -999,7 +1068,7 @@ def test_pack_varints_refuses_negatives() -> None:
         pack_varints(np.array([1, -1], dtype=np.int64))
 
 
-# -- folded cancels (format 3) ------------------------------------------------------------------
+# -- folded cancels (format 4, and format 3 before it) ------------------------------------------
 
 
 def _folded_snapshot(packed: bytes) -> bytes:
@@ -1024,7 +1093,7 @@ def test_folded_cancels_round_trip(positions: set[tuple[int, int]]) -> None:
     ledgers = np.array([p[0] for p in ordered], dtype=np.int64)
     entries = np.array([p[1] for p in ordered], dtype=np.int64)
     metadata, _ = decode_snapshot(_folded_snapshot(pack_cancelled(ledgers, entries)), "obj")
-    assert metadata.format_version == 3
+    assert metadata.format_version == FORMAT_VERSION
     got_ledgers, got_entries = metadata.folded_positions()
     assert got_ledgers.tolist() == ledgers.tolist() and got_entries.tolist() == entries.tolist()
 
@@ -1042,3 +1111,86 @@ def test_damaged_or_misplaced_folded_cancels_are_corrupt() -> None:
     body[0] = 2  # claims two ledgers
     with pytest.raises(SnapshotCorruptError, match=r"obj-3.*bad size"):
         decode_snapshot(_folded_snapshot(zstandard.ZstdCompressor().compress(bytes(body))), "obj-3")
+
+
+def test_folded_cancels_keep_each_formats_form() -> None:
+    from delayindex._cancelset import pack_cancelled
+
+    packed = pack_cancelled(np.array([3], dtype=np.int64), np.array([1], dtype=np.int64))
+    metadata, segments = _build([(10, 3, 0), (20, 4, 1)], start_ledger=2, end_ledger=9)
+    old = _in_format(metadata, 2)
+    assert (old.with_folded(packed).format_version, old.with_folded(b"").format_version) == (3, 2)
+    for folded in (packed, b""):
+        current = metadata.with_folded(folded)
+        assert current.format_version == FORMAT_VERSION
+        back, _ = decode_snapshot(encode_snapshot(current, segments), NAME)
+        assert back == current and back.folded_cancels == folded
+    columns = (
+        old.start_ledger, old.end_ledger, old.mins, old.maxs, old.counts, old.ledger_offsets,
+        old.ledgers, old.block,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="cannot carry folded cancels"):
+        SnapshotMetadata(*columns, 2, folded_cancels=packed)
+    with pytest.raises(ValueError, match="needs folded cancels"):
+        SnapshotMetadata(*columns, 3)
+
+
+# -- format 4: the bitmaps decode on first use ---------------------------------------------------
+
+
+def _realistic_metadata_entry() -> tuple[SnapshotMetadata, bytes]:
+    times, ledgers, entries = _delayed(3_000, seed=5)
+    metadata, segments = build_snapshot(
+        times, ledgers, entries, max_time_step_ms=300_000, max_indexes_per_segment=64
+    )
+    _, framed = split_object(encode_snapshot(metadata, segments), NAME)
+    return metadata, framed[0]
+
+
+def test_columns_decode_without_the_bitmaps() -> None:
+    metadata, entry = _realistic_metadata_entry()
+    assert entry[0] == FLAG_ZSTD | FLAG_SPLIT
+    lazy = decode_metadata(entry, NAME, check_bitmaps=False)
+    assert not lazy.bitmaps_loaded
+    assert lazy.first_live_segment(int(metadata.mins[3])) == 4
+    assert lazy.counts.tolist() == metadata.counts.tolist()
+    assert lazy.ledgers.tolist() == metadata.ledgers.tolist()
+    assert lazy.num_messages == metadata.num_messages
+    assert lazy.with_origin("name", 3).same_columns(lazy)
+    assert not lazy.bitmaps_loaded
+    unloaded = lazy.nbytes
+    assert lazy.block.blob == metadata.block.blob and lazy.bitmaps_loaded
+    assert lazy.nbytes > unloaded
+    assert lazy == metadata
+    assert decode_metadata(entry, NAME).bitmaps_loaded  # checked: decoded at once
+
+
+def test_damaged_bitmaps_part_is_found_on_first_use_and_names_the_object() -> None:
+    metadata, entry = _realistic_metadata_entry()
+    payload = entry[1:-4]
+    length, start = codec._get_varint(payload, 0, len(payload))
+    columns = payload[: start + length]
+    bitmaps = zstandard.ZstdDecompressor().decompress(payload[start + length :])
+    damaged = {
+        "sizes cut short": bitmaps[:3],
+        "a byte missing at the end": bitmaps[:-1],
+        "a byte extra": bitmaps + b"\x00",
+    }
+    for what, part in damaged.items():
+        framed = codec._frame(0, entry[0], columns + zstandard.ZstdCompressor().compress(part))
+        lazy = decode_metadata(framed, NAME, check_bitmaps=False)  # the columns are sound
+        assert lazy.num_messages == metadata.num_messages
+        with pytest.raises(SnapshotCorruptError, match=f"{NAME}: the bitmaps do not decode"):
+            lazy.block  # noqa: B018
+        with pytest.raises(SnapshotCorruptError, match=NAME):
+            decode_metadata(framed, NAME)
+        assert what
+
+
+def test_deferred_block_checks_the_count_it_was_promised() -> None:
+    from delayindex.snapshot.blocks import BitmapBlock, DeferredBlock
+
+    block = BitmapBlock.join([b"a", b"bc"])
+    assert DeferredBlock(lambda: block, 2, 9).get() is block
+    with pytest.raises(ValueError, match="2 bitmaps where the ledger columns need 3"):
+        DeferredBlock(lambda: block, 3, 9).get()

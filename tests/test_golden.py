@@ -166,16 +166,26 @@ def test_script_reproduces_the_committed_files(folded: bool) -> None:
 
 def test_folded_cancels_need_format_3() -> None:
     """Format 3 exists so that an older reader refuses folded cancels instead of dropping
-    them: a format 2 metadata carrying them, or a format 3 one without, is corrupt."""
-    data = (GOLDEN_DIR / f"{_script().FOLDED_STEM}.dixs").read_bytes()
+    them: a format 2 metadata carrying them, or a format 3 one without, is corrupt. (Format 4
+    carries them or not: a reader older than format 4 refuses the whole metadata, by its
+    unknown two-part flag.)"""
+    data = (GOLDEN_DIR / "snapshot-v1-f3.dixs").read_bytes()
     metadata, segments = decode_snapshot(data, "folded")
     assert metadata.format_version == 3 and metadata.folded_cancels
     plain = metadata.with_folded(b"")
-    assert plain.format_version == FORMAT_VERSION and not plain.folded_cancels
+    assert plain.format_version == 2 and not plain.folded_cancels
     assert decode_snapshot(encode_snapshot(plain, segments), "plain")[0] == plain
     for message in (
-        codec._metadata_message(metadata, format_version=FORMAT_VERSION),
+        codec._metadata_message(metadata, format_version=2),
         codec._metadata_message(plain, format_version=3),
     ):
         with pytest.raises(ValueError, match="folded cancels"):
             codec._metadata_from_message(message)
+
+
+def test_the_current_format_is_refused_by_a_reader_of_one_part() -> None:
+    """A reader from before format 4 knows only the zstd flag: the two-part flag of every
+    current metadata makes it refuse the object rather than misread it."""
+    for stem in (_script().STEM, _script().FOLDED_STEM):
+        _, entries = codec.split_object((GOLDEN_DIR / f"{stem}.dixs").read_bytes(), stem)
+        assert entries[0][0] & ~codec.FLAG_ZSTD == codec.FLAG_SPLIT

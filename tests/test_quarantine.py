@@ -17,6 +17,7 @@ from typing import TypedDict, Unpack
 
 import numpy as np
 import pytest
+import zstandard
 
 from delayindex import (
     DelayIndex,
@@ -27,6 +28,7 @@ from delayindex import (
     TrackerConfig,
 )
 from delayindex.executors import InlineExecutor
+from delayindex.snapshot import codec
 from delayindex.snapshot.codec import header_bytes_needed, read_header
 from delayindex.timers import Timer
 
@@ -402,3 +404,36 @@ def test_cli_repair_rebuilds_from_a_dump_and_release_empties_the_quarantine(
         index.close()
     assert main(["repair", *where, "--release"]) == 0
     assert "nothing is quarantined" in capsys.readouterr().out
+
+
+def _undecodable_bitmaps(storage: MemoryStorage, snapshot_id: str) -> None:
+    """Replace the bitmaps part of a format 4 metadata with bytes that do not decode, every
+    checksum valid: damage that only the bitmaps' first use can find."""
+    original = storage.raw_object(snapshot_id)
+    _, entries = codec.split_object(original, snapshot_id)
+    flags, payload = entries[0][0], entries[0][1:-4]
+    assert flags & codec.FLAG_SPLIT
+    length, start = codec._get_varint(payload, 0, len(payload))
+    garbage = zstandard.ZstdCompressor().compress(b"\x05\x01\x02")
+    entries[0] = codec._frame(0, flags, payload[: start + length] + garbage)
+    storage.put_raw_object(snapshot_id, codec.pack_object(entries))
+
+
+def test_bitmaps_that_do_not_decode_quarantine_their_bucket_at_open() -> None:
+    storage, clock = MemoryStorage(), ManualClock(T0)
+    index = open_index(storage, clock)
+    schedule = build(index)
+    sid = index.buckets()[1].snapshot_id
+    assert sid is not None
+    index.close()
+    _undecodable_bitmaps(storage, sid)
+    index = open_index(storage, clock)
+    [info] = index.quarantined()
+    assert info.snapshot_id == sid and not info.positions_known
+    assert "bitmaps do not decode" in info.reason
+    assert not any(index.contains(2, e) for e in range(6))
+    assert all(index.contains(1, e) for e in range(6))  # the other buckets recovered
+    expected = {p for p in schedule if p.ledger_id in (1, 3)}  # 4: the mutable bucket's
+    delivered = drain(index, clock, schedule)
+    assert set(delivered) == expected and all(n == 1 for n in delivered.values())
+    index.close()

@@ -63,6 +63,11 @@ def _snapshots(storage: FileStorage, name: str = NAME) -> list[tuple[Any, ...]]:
     return out
 
 
+def _content(snapshot: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A :func:`_snapshots` row without the object's byte size."""
+    return snapshot[:4] + snapshot[5:]
+
+
 def _assert_same_index(spark_store: FileStorage, local_store: FileStorage) -> None:
     got, want = _snapshots(spark_store), _snapshots(local_store)
     assert [g[:5] for g in got] == [w[:5] for w in want]
@@ -395,7 +400,10 @@ def test_a_rerun_is_idempotent(spark: Any, first_build: Any) -> None:
     old_ids = {b.snapshot_id for b in storage.read_manifest(NAME).buckets}
     report = rebuild(spark, dump, store, NAME, CONFIG, now)
     assert set(report.replaced) == old_ids
-    assert _snapshots(storage) == before  # same ranges, same contents
+    # Same ranges, same contents. Not the same bytes: the new objects' origin (the manifest
+    # generation of their commit) is compressed with their columns, so a size may differ by a
+    # few bytes.
+    assert [_content(a) for a in _snapshots(storage)] == [_content(b) for b in before]
     assert not old_ids & {b.snapshot_id for b in storage.read_manifest(NAME).buckets}
     _no_leftovers(storage)
 

@@ -11,11 +11,16 @@ Object layout (object version 1, all integers little-endian)::
 
     entry      flags u8 | payload | crc u32   (mmh3 of flags + payload, seeded with the entry index)
 
-Metadata payload: a ``SnapshotMetadata`` protobuf, zstd-compressed when ``flags & FLAG_ZSTD``.
-Metadata format 2 (written) holds a bucket's bitmaps as one block plus their sizes; format 1
-(still read, and re-encoded as itself) holds one protobuf ``bytes`` per bitmap. Format 3 is
-format 2 plus the cancels a merge folded into the bucket (packed, unpacked and range-checked on
-every decode).
+Metadata payload, format 4 (written; ``flags & FLAG_SPLIT``): ``varint len(columns) | columns |
+bitmaps``, two parts each zstd-compressed when ``flags & FLAG_ZSTD``. The columns are a
+``SnapshotMetadata`` protobuf without bitmap fields (and with the cancels a merge folded into the
+bucket, if any); the bitmaps are their sizes (varints) and then the bitmaps back to back. The
+columns decode alone: the bitmaps part is decompressed and checked on first use
+(:class:`~delayindex.snapshot.format.DeferredBlock`), so whatever needs only times and counts
+never pays for the positions. Older formats, still read and re-encoded as themselves: one
+protobuf, zstd-compressed when ``flags & FLAG_ZSTD``; format 2 holds the bitmaps as one block
+plus their sizes inside it, format 1 one protobuf ``bytes`` per bitmap, and format 3 is format 2
+plus folded cancels (packed, unpacked and range-checked on every decode).
 Segment payload: the segment's deliver times minus the segment minimum, bit-packed LSB-first at
 ``bit_length(max - min)`` bits each, in position order (as the segment's bitmaps enumerate
 positions), so a one-index segment with min == max has an empty payload. Positions are never
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,10 +49,11 @@ from delayindex import _impl
 from delayindex.errors import SnapshotCorruptError
 from delayindex.model import MAX_LEDGER_ID
 from delayindex.pb import snapshot_pb2
+from delayindex.snapshot.blocks import BitmapBlock, DeferredBlock
 from delayindex.snapshot.format import (
     FORMAT_VERSIONS,
     MAX_SEGMENT_SPAN,
-    BitmapBlock,
+    SPLIT_FORMAT_VERSION,
     Int64Array,
     PreparedSegments,
     Segment,
@@ -59,7 +65,9 @@ MAGIC = b"DIXS"
 OBJECT_VERSION = 1
 HEADER_SEED = 0x44495853
 FLAG_ZSTD = 0x01
-_KNOWN_METADATA_FLAGS = FLAG_ZSTD
+#: The metadata payload is two parts, columns then bitmaps (format 4 and later).
+FLAG_SPLIT = 0x02
+_KNOWN_METADATA_FLAGS = FLAG_ZSTD | FLAG_SPLIT
 ZSTD_LEVEL = 9
 _MAX_METADATA_BYTES = 1 << 30
 _FIXED = struct.Struct("<4sHI")  # magic, version, table_len
@@ -159,8 +167,31 @@ def _wrapping_diff(values: np.ndarray) -> np.ndarray:
 
 
 def _metadata_payload(metadata: SnapshotMetadata) -> bytes:
+    """The protobuf bytes: all of the metadata before format 4, its columns from format 4."""
     payload: bytes = _metadata_message(metadata).SerializeToString()
     return payload
+
+
+def _bitmaps_part(block: BitmapBlock) -> bytes:
+    """Format 4's second part: the bitmaps' sizes (varints), then the bitmaps."""
+    return pack_varints(np.diff(block.offsets)) + block.blob
+
+
+def _metadata_entry(columns: bytes, bitmaps: bytes | None) -> bytes:
+    """Framed entry 0: one protobuf (``bitmaps`` None, formats 1-3) or format 4's two parts;
+    compressed when that makes it smaller."""
+    compress = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress
+    if bitmaps is None:
+        packed = compress(columns)
+        return _frame(0, FLAG_ZSTD, packed) if len(packed) < len(columns) else _frame(0, 0, columns)
+    packed_columns, packed_bitmaps = compress(columns), compress(bitmaps)
+    flags = FLAG_SPLIT
+    if len(packed_columns) + len(packed_bitmaps) < len(columns) + len(bitmaps):
+        flags |= FLAG_ZSTD
+        columns, bitmaps = packed_columns, packed_bitmaps
+    head = bytearray()
+    _put_varint(head, len(columns))
+    return _frame(0, flags, bytes(head) + columns + bitmaps)
 
 
 def _metadata_message(
@@ -177,8 +208,10 @@ def _metadata_message(
         firsts = offsets[:-1]
         deltas[firsts] = ledgers[firsts] - metadata.start_ledger
     # Each format's own bitmap form (re-encoding old metadata keeps its bytes).
-    if metadata.format_version == 1:
-        bitmap_fields: dict[str, Any] = {"bitmaps": metadata.bitmaps}
+    if metadata.format_version >= SPLIT_FORMAT_VERSION:  # the bitmaps are a part of their own
+        bitmap_fields: dict[str, Any] = {"folded_cancels": metadata.folded_cancels}
+    elif metadata.format_version == 1:
+        bitmap_fields = {"bitmaps": metadata.bitmaps}
     else:
         block = metadata.block
         bitmap_fields = {
@@ -234,11 +267,9 @@ def encode_entries(metadata: SnapshotMetadata, segments: Sequence[Segment]) -> l
     """Framed entries: metadata first, then one per segment (checksummed, compressed metadata)."""
     if len(segments) != metadata.num_segments:
         raise ValueError(f"{len(segments)} segments for metadata with {metadata.num_segments}")
-    raw = _metadata_payload(metadata)
-    packed_meta = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(raw)
-    entries = [
-        _frame(0, FLAG_ZSTD, packed_meta) if len(packed_meta) < len(raw) else _frame(0, 0, raw)
-    ]
+    split = metadata.format_version >= SPLIT_FORMAT_VERSION
+    bitmaps = _bitmaps_part(metadata.block) if split else None
+    entries = [_metadata_entry(_metadata_payload(metadata), bitmaps)]
     if isinstance(segments, PreparedSegments) and segments.metadata.same_columns(metadata):
         # Built together with this metadata (build_snapshot): consistent by construction.
         return entries + [_frame(n, 0, packed) for n, packed in enumerate(segments.packed, 1)]
@@ -347,22 +378,62 @@ def decode_metadata(entry: bytes, name: str, *, check_bitmaps: bool = True) -> S
     flags, payload = _unframe(entry, 0, name)
     if flags & ~_KNOWN_METADATA_FLAGS:
         raise SnapshotCorruptError(f"{name}: unknown metadata flags {flags:#x}")
+    zstd = bool(flags & FLAG_ZSTD)
+    bitmaps: bytes | None = None
+    if flags & FLAG_SPLIT:
+        try:
+            length, start = _get_varint(payload, 0, len(payload))
+        except ValueError:
+            length, start = len(payload) + 1, 0
+        if length > len(payload) - start:
+            raise SnapshotCorruptError(f"{name}: the metadata's parts are cut wrong")
+        payload, bitmaps = payload[start : start + length], payload[start + length :]
     try:
-        if flags & FLAG_ZSTD:
-            payload = zstandard.ZstdDecompressor().decompress(
-                payload, max_output_size=_MAX_METADATA_BYTES
-            )
+        if zstd:
+            payload = _decompress(payload)
         message = snapshot_pb2.SnapshotMetadata.FromString(payload)
     except (zstandard.ZstdError, DecodeError) as exc:
         raise SnapshotCorruptError(f"{name}: metadata does not decode: {exc}") from None
     try:
-        return _metadata_from_message(message, check_bitmaps)
+        if (bitmaps is not None) != (message.format_version >= SPLIT_FORMAT_VERSION):
+            raise ValueError(
+                f"format {message.format_version} metadata "
+                + ("in two parts" if bitmaps is not None else "in one part")
+            )
+        deferred = None if bitmaps is None else _deferred_bitmaps(bitmaps, zstd, name)
+        return _metadata_from_message(message, check_bitmaps, deferred)
     except ValueError as exc:
         raise SnapshotCorruptError(f"{name}: inconsistent metadata: {exc}") from None
 
 
+def _decompress(payload: bytes) -> bytes:
+    out: bytes = zstandard.ZstdDecompressor().decompress(
+        payload, max_output_size=_MAX_METADATA_BYTES
+    )
+    return out
+
+
+def _deferred_bitmaps(part: bytes, zstd: bool, name: str) -> Callable[[int], DeferredBlock]:
+    """Format 4's bitmaps part, to be decoded on first use into ``count`` bitmaps."""
+
+    def deferred(count: int) -> DeferredBlock:
+        def load() -> BitmapBlock:
+            try:
+                raw = _decompress(part) if zstd else part
+                sizes, end = _impl.read_varints(raw, 0, count)
+                return _sized_block(sizes, raw[end:])
+            except (zstandard.ZstdError, ValueError) as exc:
+                raise SnapshotCorruptError(f"{name}: the bitmaps do not decode: {exc}") from None
+
+        return DeferredBlock(load, count, len(part))
+
+    return deferred
+
+
 def _metadata_from_message(
-    message: snapshot_pb2.SnapshotMetadata, check_bitmaps: bool = True
+    message: snapshot_pb2.SnapshotMetadata,
+    check_bitmaps: bool = True,
+    deferred: Callable[[int], DeferredBlock] | None = None,
 ) -> SnapshotMetadata:
     version = message.format_version
     if version not in FORMAT_VERSIONS:
@@ -401,9 +472,15 @@ def _metadata_from_message(
     deltas = np.array(message.ledger_deltas, dtype=np.uint64)
     if len(deltas) != int(offsets[-1]):
         raise ValueError("ledger columns do not match the ledger counts")
-    block = _bitmap_block(message, len(deltas))
-    if len(block) != len(deltas):
-        raise ValueError("ledger columns do not match the ledger counts")
+    block: BitmapBlock | DeferredBlock
+    if deferred is None:
+        block = _bitmap_block(message, len(deltas))
+        if len(block) != len(deltas):
+            raise ValueError("ledger columns do not match the ledger counts")
+    else:
+        if message.bitmaps or message.bitmap_block or message.bitmap_sizes:
+            raise ValueError(f"format {version} metadata carries bitmaps in its columns")
+        block = deferred(len(deltas))
     span = np.uint64(end - start)
     if np.any(deltas > span):
         raise ValueError("a ledger lies outside the bucket's range")
@@ -449,9 +526,13 @@ def _bitmap_block(message: snapshot_pb2.SnapshotMetadata, count: int) -> BitmapB
     sizes, end = _impl.read_varints(packed, 0, count)
     if end != len(packed):
         raise ValueError("the bitmap sizes do not match the ledger counts")
-    offsets = np.zeros(count + 1, dtype=np.int64)
+    return _sized_block(sizes, message.bitmap_block)  # read once: a read of a bytes field copies
+
+
+def _sized_block(sizes: npt.NDArray[np.int64], blob: bytes) -> BitmapBlock:
+    """The block of ``blob`` cut by ``sizes`` (``ValueError`` unless they add up to it)."""
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])  # sizes < 2**63 each; their sum is checked next
-    blob = message.bitmap_block  # read once: each read of a bytes field copies it
     if int(offsets[-1]) != len(blob) or bool((offsets[1:] < offsets[:-1]).any()):
         raise ValueError("the bitmap sizes do not add up to the bitmap block")
     return BitmapBlock(blob, offsets)

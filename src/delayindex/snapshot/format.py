@@ -16,7 +16,6 @@ These types never touch protobuf or I/O; ``delayindex.snapshot.codec`` turns the
 from __future__ import annotations
 
 import array
-import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
@@ -29,14 +28,20 @@ from delayindex import _impl
 from delayindex._cancelset import unpack_cancelled
 from delayindex._sortkeys import pack_positions
 from delayindex.model import MAX_ENTRY_ID, MAX_LEDGER_ID
+from delayindex.snapshot.blocks import BitmapBlock, DeferredBlock, frozen_int64
 
-#: The metadata format written: 2 stores a bucket's bitmaps as one block (see
-#: ``docs/snapshot-format.md``); 1 (one protobuf ``bytes`` per bitmap) is still read.
-FORMAT_VERSION = 2
-#: The format of a metadata that carries folded cancels (format 2 plus ``folded_cancels``).
+#: The metadata format written: 4 keeps a bucket's columns and its bitmaps in two compressed
+#: frames, so the columns read without the bitmaps, with or without folded cancels (see
+#: ``docs/snapshot-format.md``). Older formats are still read, and re-encoded as themselves:
+#: 1 (one protobuf ``bytes`` per bitmap), 2 (the bitmaps as one block inside the message) and
+#: 3 (format 2 with folded cancels).
+FORMAT_VERSION = 4
+#: The format 2 metadata that carries folded cancels (read and re-encoded; not written new).
 FOLDED_FORMAT_VERSION = 3
+#: The first format that stores its bitmaps in a frame of their own.
+SPLIT_FORMAT_VERSION = 4
 #: Every metadata format this version reads.
-FORMAT_VERSIONS = (1, 2, 3)
+FORMAT_VERSIONS = (1, 2, 3, 4)
 #: Segment time steps (and so spans) stay below this, far inside int64 arithmetic.
 MAX_SEGMENT_SPAN = 2**62
 
@@ -84,45 +89,6 @@ class SegmentMeta:
     __hash__ = None  # type: ignore[assignment]
 
 
-class BitmapBlock:
-    """Many portable roaring bitmaps back to back in one ``bytes``: bitmap ``i`` is
-    ``blob[offsets[i]:offsets[i + 1]]``.
-
-    One object for a bucket's thousands of small per-(segment, ledger) bitmaps: no Python object
-    per bitmap, so decoding and sealing leave no bursts of small allocations behind (which
-    pinned pymalloc arenas: resident memory 2-3x the live size). ``offsets`` is a read-only
-    int64 array, starting at 0, non-decreasing, ending at ``len(blob)``.
-    """
-
-    __slots__ = ("blob", "offsets")
-
-    def __init__(self, blob: bytes, offsets: Int64Array) -> None:
-        bounds = _frozen(np.asarray(offsets, dtype=np.int64))
-        if bounds.ndim != 1 or len(bounds) < 1:
-            raise ValueError("bitmap offsets must be a 1-d array of at least one element")
-        if int(bounds[0]) != 0 or int(bounds[-1]) != len(blob):
-            raise ValueError("bitmap offsets do not span the bitmap block")
-        if len(bounds) > 1 and bool((np.diff(bounds) < 0).any()):
-            raise ValueError("bitmap offsets decrease")
-        self.blob = bytes(blob)
-        self.offsets = bounds
-
-    @classmethod
-    def join(cls, bitmaps: Sequence[bytes]) -> BitmapBlock:
-        """A block of ``bitmaps`` (each the portable serialization of one bitmap)."""
-        offsets = np.zeros(len(bitmaps) + 1, dtype=np.int64)
-        np.cumsum([len(b) for b in bitmaps], out=offsets[1:])
-        return cls(b"".join(bytes(b) for b in bitmaps), offsets)
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def slice(self, start: int, stop: int) -> tuple[bytes, ...]:
-        """Bitmaps ``start..stop - 1`` as separate ``bytes`` (for per-segment views)."""
-        cuts = self.offsets[start : stop + 1].tolist()
-        return tuple(self.blob[a:b] for a, b in itertools.pairwise(cuts))
-
-
 class SnapshotMetadata:
     """Entry 0 of a snapshot: the bucket's ledger range and, per segment, its facts.
 
@@ -139,8 +105,8 @@ class SnapshotMetadata:
     """
 
     __slots__ = (
+        "_bitmaps",
         "_segments",
-        "block",
         "counts",
         "end_ledger",
         "folded_cancels",
@@ -163,7 +129,7 @@ class SnapshotMetadata:
         counts: Int64Array,
         ledger_offsets: Int64Array,
         ledgers: Int64Array,
-        bitmaps: Sequence[bytes] | BitmapBlock,
+        bitmaps: Sequence[bytes] | BitmapBlock | DeferredBlock,
         format_version: int = FORMAT_VERSION,
         *,
         index_name: str = "",
@@ -176,21 +142,21 @@ class SnapshotMetadata:
             raise ValueError(f"generation must be >= 0, got {generation}")
         self.start_ledger = int(start_ledger)
         self.end_ledger = int(end_ledger)
-        self.mins = _frozen(mins)
-        self.maxs = _frozen(maxs)
-        self.counts = _frozen(counts)
-        self.ledger_offsets = _frozen(ledger_offsets)
-        self.ledgers = _frozen(ledgers)
-        self.block = bitmaps if isinstance(bitmaps, BitmapBlock) else BitmapBlock.join(bitmaps)
+        self.mins = frozen_int64(mins)
+        self.maxs = frozen_int64(maxs)
+        self.counts = frozen_int64(counts)
+        self.ledger_offsets = frozen_int64(ledger_offsets)
+        self.ledgers = frozen_int64(ledgers)
+        self._bitmaps: BitmapBlock | DeferredBlock = (
+            bitmaps
+            if isinstance(bitmaps, BitmapBlock | DeferredBlock)
+            else BitmapBlock.join(bitmaps)
+        )
         if format_version not in FORMAT_VERSIONS:
             raise ValueError(f"unknown metadata format version {format_version}")
         if not isinstance(folded_cancels, bytes):
             raise TypeError("folded_cancels must be bytes")
-        if bool(folded_cancels) != (format_version == FOLDED_FORMAT_VERSION):
-            raise ValueError(
-                f"format {format_version} metadata "
-                + ("cannot carry folded cancels" if folded_cancels else "needs folded cancels")
-            )
+        _check_folded_form(format_version, folded_cancels)
         self.format_version = format_version
         self.folded_cancels = folded_cancels
         self._segments: tuple[SegmentMeta, ...] | None = None
@@ -198,8 +164,25 @@ class SnapshotMetadata:
         if not (len(self.maxs) == len(self.counts) == n and len(self.ledger_offsets) == n + 1):
             raise ValueError("segment columns differ in length")
         n_ledgers = len(self.ledgers)
-        if n_ledgers != len(self.block) or int(self.ledger_offsets[-1]) != n_ledgers:
+        held = (
+            self._bitmaps.count if isinstance(self._bitmaps, DeferredBlock) else len(self._bitmaps)
+        )
+        if n_ledgers != held or int(self.ledger_offsets[-1]) != n_ledgers:
             raise ValueError("ledgers, bitmaps and ledger_offsets do not line up")
+
+    @property
+    def block(self) -> BitmapBlock:
+        """The bitmaps, one per (segment, ledger) in column order (a format 4 metadata decodes
+        them here, on first use: the codec's ``SnapshotCorruptError`` if they are damaged)."""
+        bitmaps = self._bitmaps
+        return bitmaps.get() if isinstance(bitmaps, DeferredBlock) else bitmaps
+
+    @property
+    def bitmaps_loaded(self) -> bool:
+        """Whether :attr:`block` is decoded (False only for a format 4 metadata not yet
+        asked for its bitmaps)."""
+        bitmaps = self._bitmaps
+        return bitmaps.loaded if isinstance(bitmaps, DeferredBlock) else True
 
     @classmethod
     def from_segments(
@@ -237,7 +220,8 @@ class SnapshotMetadata:
 
     def with_folded(self, packed: bytes) -> SnapshotMetadata:
         """This metadata carrying ``packed`` folded cancels (the packed form of
-        :mod:`delayindex._cancelset`; ``b""``: none): format 3, or format 2 without them.
+        :mod:`delayindex._cancelset`; ``b""``: none). Format 4 carries them or not; an old
+        format 2 or 3 metadata becomes format 3 with them, format 2 without.
 
         A merge folds into its bucket the cancels of the bucket's range, so that they leave
         the manifest (and memory) while a replayed add is still refused. Shares every column.
@@ -248,7 +232,8 @@ class SnapshotMetadata:
         for slot in SnapshotMetadata.__slots__:
             object.__setattr__(out, slot, getattr(self, slot))
         out.folded_cancels = bytes(packed)
-        out.format_version = FOLDED_FORMAT_VERSION if packed else FORMAT_VERSION
+        if self.format_version < SPLIT_FORMAT_VERSION:  # the old forms: 3 with, 2 without
+            out.format_version = FOLDED_FORMAT_VERSION if packed else 2
         return out
 
     def folded_positions(self) -> tuple[Int64Array, Int64Array]:
@@ -275,7 +260,7 @@ class SnapshotMetadata:
             and self.counts is other.counts
             and self.ledger_offsets is other.ledger_offsets
             and self.ledgers is other.ledgers
-            and self.block is other.block
+            and self._bitmaps is other._bitmaps
             and (self.start_ledger, self.end_ledger) == (other.start_ledger, other.end_ledger)
         )
 
@@ -311,14 +296,16 @@ class SnapshotMetadata:
 
     @property
     def nbytes(self) -> int:
-        """Bytes its columns, bitmap block and folded cancels hold (what a cache of it costs)."""
+        """Bytes its columns, bitmaps and folded cancels hold (what a cache of it costs; bitmaps
+        not yet decoded count as their compressed frame)."""
         columns = (self.mins, self.maxs, self.counts, self.ledger_offsets, self.ledgers)
-        return (
-            sum(c.nbytes for c in columns)
-            + len(self.block.blob)
-            + self.block.offsets.nbytes
-            + len(self.folded_cancels)
-        )
+        bitmaps = self._bitmaps
+        if isinstance(bitmaps, DeferredBlock) and not bitmaps.loaded:
+            held = bitmaps.packed_bytes
+        else:
+            block = self.block
+            held = len(block.blob) + block.offsets.nbytes
+        return sum(c.nbytes for c in columns) + held + len(self.folded_cancels)
 
     @property
     def num_segments(self) -> int:
@@ -499,10 +486,15 @@ class PreparedSegments(SegmentList):
         return k
 
 
-def _frozen(values: object) -> Int64Array:
-    out = np.array(values, dtype=np.int64)
-    out.flags.writeable = False
-    return out
+def _check_folded_form(format_version: int, folded_cancels: bytes) -> None:
+    """Formats 1 and 2 never carry folded cancels, format 3 always does, format 4 may."""
+    if format_version >= SPLIT_FORMAT_VERSION:
+        return
+    if bool(folded_cancels) != (format_version == FOLDED_FORMAT_VERSION):
+        raise ValueError(
+            f"format {format_version} metadata "
+            + ("cannot carry folded cancels" if folded_cancels else "needs folded cancels")
+        )
 
 
 def _int64(values: object, name: str) -> Int64Array:
