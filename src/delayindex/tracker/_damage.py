@@ -187,8 +187,13 @@ class QuarantineMixin:
         self._core.add_range(record.start_ledger, record.end_ledger)
         self._warn_quarantined(record)
 
-    def _quarantine(self, bucket: Any, exc: BaseException, first_segment: int) -> None:
-        """Quarantine a bucket whose snapshot turned out damaged while running (lock held)."""
+    def _quarantine(
+        self, bucket: Any, exc: BaseException, first_segment: int, *, positions_known: bool = True
+    ) -> None:
+        """Quarantine a bucket whose snapshot turned out damaged while running (lock held).
+
+        Its positions stay tracked: restored from its metadata at open, unless the damage was
+        found when they were to be restored (``positions_known=False``, a deferred restore)."""
         if bucket.state in ("quarantined", "released"):
             return
         self._core.remove_source(bucket.sid)  # out of the merge; its positions stay tracked
@@ -201,7 +206,7 @@ class QuarantineMixin:
         )  # fmt: skip
         bucket.state = "quarantined"
         bucket.damage = record
-        bucket.positions_known = True  # restored from its metadata at open
+        bucket.positions_known = positions_known
         bucket.current = first_segment - 1
         self._warn_quarantined(record)
         self._note_quarantine(record, "active")

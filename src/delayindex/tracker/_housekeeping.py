@@ -40,6 +40,7 @@ class HousekeepingMixin:
     _catalog: Catalog
     _config: TrackerConfig
     _core: Any
+    _drop_lazy: Callable[[], Any]
     _deferred_at: int
     _deferred_creates: list[_PendingCreate]
     _deferred_deletes: list[str]
@@ -207,7 +208,7 @@ class HousekeepingMixin:
         self.flush()
         with self._lock:
             self._epoch += 1
-            self._core.clear()
+            self._drop_lazy().clear()  # deferred positions go with their snapshots
             self._buckets.clear()
             self._persist_creates.clear()
             self._deferred_creates.clear()

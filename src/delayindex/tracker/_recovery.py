@@ -1,12 +1,16 @@
 """DelayIndex's recovery at open (:meth:`DelayIndex.open` calls ``_recover``).
 
 The catalog has repaired the manifest's intents; each live bucket's metadata is read, fully
-due segments are skipped, the bitmaps of the rest restored and its first live segment loaded;
-the persisted mark is applied. A damaged or missing snapshot quarantines its bucket only. A
-storage error reading a metadata raises :class:`~delayindex.errors.RecoveryError` having
-changed nothing (its positions cannot be known); one reading a first live segment does not:
-that bucket's first segment becomes a placeholder, read again when due with the loads'
-backoff, and every other bucket recovers.
+due segments are skipped and its first live segment loaded. Its positions are restored now only
+if something at open needs them (folded cancels, the mark, a stored override in its range);
+the others wait for the first call that needs membership (``_lazy_restore.py``). The
+persisted mark is applied.
+
+A damaged or missing snapshot quarantines its bucket only (a lazy bucket's bitmaps that fail
+only when restored: then). A storage error reading a metadata raises
+:class:`~delayindex.errors.RecoveryError` having changed nothing (its positions cannot be
+known); one reading a first live segment does not: that bucket's first segment becomes a
+placeholder, read again when due with the loads' backoff, and every other bucket recovers.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from delayindex.storage.catalog import Catalog
 from delayindex.storage.manifest import BucketRecord, QuarantineRecord
 from delayindex.tracker._bucket import _Bucket
 from delayindex.tracker._damage import ProblemLog, damage_reason
+from delayindex.tracker._lazy_restore import LazyBucket
 from delayindex.tracker._stats import _OpStats
 
 _NONE = np.empty(0, dtype=np.int64)
@@ -105,6 +110,8 @@ class RecoveryMixin:
     _overrides_dirty: bool
     _overrides_used: bool
     _trim: Callable[[_Bucket], None]
+    _defer_restores: Callable[[Any, list[LazyBucket]], None]
+    _restore_lazy_in: Callable[..., list[LazyBucket]]
 
     def _recover(self) -> None:
         started = time.perf_counter()
@@ -118,6 +125,8 @@ class RecoveryMixin:
         core = self._core
         cutoff = core.cutoff_for(now)
         loaded: list[tuple[BucketRecord, SnapshotMetadata, int, Any]] = []  # segment or None
+        mark = self._catalog.manifest.mark_delete
+        deferrable: set[str] = set()
         unread: dict[str, StorageError] = {}  # first segments whose read failed: loaded later
         damaged: list[tuple[QuarantineRecord, Any]] = []
         drop: list[str] = [r.snapshot_id for r in overlapping]
@@ -143,7 +152,10 @@ class RecoveryMixin:
                     segment = self._storage.get_segments(sid_name, first, first)[0]
                 except StorageError as exc:  # not damage: this bucket's load retries it later
                     unread[sid_name] = exc
-                _restore_live(core, metadata, first, sid_name)
+                if not record.folded_cancels and (mark is None or record.start_ledger > mark[0]):
+                    deferrable.add(sid_name)  # its positions wait until a call needs them
+                else:
+                    _restore_live(core, metadata, first, sid_name)
             except (SnapshotNotFoundError, SnapshotCorruptError) as exc:
                 # Damage stays local: this bucket is quarantined, the others recover. Its
                 # positions are held when its bitmaps are sound (the segment was damaged).
@@ -189,10 +201,14 @@ class RecoveryMixin:
             for q in self._catalog.manifest.quarantined
             if q.active and q.snapshot_id not in new_ids
         )
+        lazy: list[LazyBucket] = []
         for record, metadata, first, segment in loaded:
             bucket = self._new_bucket(record.start_ledger, record.end_ledger, 0)
             self._make_durable(bucket, record, metadata)
             core.add_range(bucket.start, bucket.end)
+            if record.snapshot_id in deferrable:
+                count = int(metadata.counts[first - 1 :].sum())
+                lazy.append(LazyBucket(bucket, metadata, first, count))
             if segment is None:  # unreadable now: a placeholder, read when due (with backoff)
                 bucket.current = first - 1
                 bucket.load_failures = 1
@@ -216,7 +232,8 @@ class RecoveryMixin:
             self._install_quarantined(quarantine, live)
         for snapshot_id in drop:
             self._request_delete(snapshot_id)
-        mark = self._catalog.manifest.mark_delete
+        # What is applied below needs the positions it touches: those buckets are restored now.
+        lazy = self._restore_lazy_in(core, lazy, _needed_ledgers(self, unfolded))
         if mark is not None:  # acknowledged before the restart: never delivered again
             self._mark = mark
             core.untrack_upto(*mark)
@@ -230,7 +247,19 @@ class RecoveryMixin:
         for bucket in self._buckets.values():
             if bucket.folded:  # an add there of an untracked position asks for them
                 core.evict_range(bucket.start, bucket.end, False)
+        self._defer_restores(core, lazy)
         # Over the bucket bound (a lower max_num_buckets, or a crash mid-merge): merge now, not
         # only after the next seal.
         self._maybe_merge()
         self._ops["recover"].record(True, started)
+
+
+def _needed_ledgers(index: Any, unfolded: list[tuple[Any, Any]]) -> Any:
+    """The ledgers recovery applies overrides to (the manifest's and the unfolded cancels),
+    sorted and unique: a lazy bucket holding one is restored before they apply."""
+    parts = [ledgers for ledgers, _ in unfolded]
+    stored = index._catalog.manifest.overrides
+    if stored:
+        cancelled, _, moved, _, _ = stored.to_arrays()
+        parts += [cancelled, moved]
+    return np.unique(np.concatenate(parts)) if parts else _NONE

@@ -102,6 +102,7 @@ from delayindex.tracker._bucket import BucketInfo, Int64Array, _Bucket, _Pending
 from delayindex.tracker._damage import ProblemLog, QuarantineMixin
 from delayindex.tracker._front import TrackerFront, as_count
 from delayindex.tracker._housekeeping import HousekeepingMixin
+from delayindex.tracker._lazy_restore import LazyBucket, LazyRestoreMixin
 from delayindex.tracker._loading import LoadingMixin
 from delayindex.tracker._merge import MergeMixin
 from delayindex.tracker._overrides import OverridesMixin
@@ -117,6 +118,7 @@ _DEFAULT_CONFIG = TrackerConfig()
 
 
 class DelayIndex(
+    LazyRestoreMixin,
     OverridesMixin,
     ScheduleMixin,
     QuarantineMixin,
@@ -196,6 +198,9 @@ class DelayIndex(
         self._unresolved_merge: tuple[list[_Bucket], int, SnapshotMetadata] | None = None
         self._group = {"batches": 0, "creates": 0, "deletes": 0, "manifest_writes": 0}
         self._mark: tuple[int, int] | None = None
+        self._lazy: list[LazyBucket] = []  # recovered, positions not restored yet
+        self._lazy_count = 0
+        self._lazy_lock = threading.RLock()
         self._overrides_dirty = False  # cancels or reschedules not yet handed to the catalog
         self._overrides_used = False  # some were made (a mark may forget some: note again)
         self._noted_gen = -1  # the core's override_gen at the last note
@@ -653,8 +658,9 @@ class DelayIndex(
         except (StorageError, ManifestConflictError) as exc:
             failure = exc
         with self._lock:
-            self._core.clear()
-            self._core = self._front.core = _ClosedCore(self._core)
+            core = self._drop_lazy()  # their snapshots keep them: nothing to restore
+            core.clear()
+            self._core = self._front.core = _ClosedCore(core)
             self._buckets.clear()
         mark_lost = failure is not None and self._catalog.mark_pending
         self._catalog.close()
