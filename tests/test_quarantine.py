@@ -124,16 +124,20 @@ def drain(index: DelayIndex, clock: ManualClock, schedule: Schedule) -> Counter[
 
 
 def damaged_at_open(
-    segment: int, bucket: int = 0
+    segment: int, bucket: int = 0, damage: Callable[[MemoryStorage, str], None] | None = None
 ) -> tuple[MemoryStorage, ManualClock, DelayIndex, str, Schedule]:
-    """A built index, closed, one bucket's entry ``segment`` damaged, reopened."""
+    """A built index, closed, one bucket's entry ``segment`` damaged (or its object damaged by
+    ``damage(storage, snapshot_id)``), reopened."""
     storage, clock = MemoryStorage(), ManualClock(T0)
     index = open_index(storage, clock)
     schedule = build(index)
     sid = index.buckets()[bucket].snapshot_id
     assert sid is not None
     index.close()
-    flip_segment(storage, sid, segment)
+    if damage is None:
+        flip_segment(storage, sid, segment)
+    else:
+        damage(storage, sid)
     return storage, clock, open_index(storage, clock), sid, schedule
 
 
@@ -420,14 +424,7 @@ def _undecodable_bitmaps(storage: MemoryStorage, snapshot_id: str) -> None:
 
 
 def test_bitmaps_that_do_not_decode_quarantine_their_bucket_at_open() -> None:
-    storage, clock = MemoryStorage(), ManualClock(T0)
-    index = open_index(storage, clock)
-    schedule = build(index)
-    sid = index.buckets()[1].snapshot_id
-    assert sid is not None
-    index.close()
-    _undecodable_bitmaps(storage, sid)
-    index = open_index(storage, clock)
+    _, clock, index, sid, schedule = damaged_at_open(0, bucket=1, damage=_undecodable_bitmaps)
     [info] = index.quarantined()
     assert info.snapshot_id == sid and not info.positions_known
     assert "bitmaps do not decode" in info.reason
