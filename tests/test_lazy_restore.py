@@ -10,6 +10,7 @@ fail only when restored quarantine their bucket then.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -238,4 +239,36 @@ def test_len_stays_exact_as_adds_arrive_before_the_restore() -> None:
         np.array([T0 + 90_000, T0 + 90_000], dtype=np.int64),
     )
     assert tracked.tolist() == [True, True] and len(index) == 26  # (1, 0): already tracked
+    index.close()
+
+
+def test_len_from_another_thread_during_a_restore_is_exact(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``len`` takes no tracker lock: while a restore is under way in another thread (one
+    bucket's positions in the core, not yet out of the lazy count), it waits for it rather
+    than count those positions twice."""
+    storage, _ = _built()
+    index = _open(storage, ManualClock(T0))
+    real = recovery_module._restore_live
+    paused, resume = threading.Event(), threading.Event()
+
+    def pausing(core: Any, metadata: SnapshotMetadata, first: int, name: str) -> None:
+        real(core, metadata, first, name)
+        if not paused.is_set():  # after the first bucket's positions are in the core
+            paused.set()
+            assert resume.wait(10)
+
+    monkeypatch.setattr(recovery_module, "_restore_live", pausing)
+    restoring = threading.Thread(target=index.contains, args=(1, 0))
+    restoring.start()
+    assert paused.wait(10)
+    counted: list[int] = []
+    counting = threading.Thread(target=lambda: counted.append(len(index)))
+    counting.start()
+    counting.join(0.2)
+    resume.set()
+    restoring.join(10)
+    counting.join(10)
+    assert counted == [24]
     index.close()

@@ -58,7 +58,10 @@ class LazyCore:
         self.core = core
 
     def __len__(self) -> int:
-        return len(self.core) + self._owner._lazy_count
+        # Under the restore's lock: ``len`` takes no tracker lock, and a restore under way in
+        # another thread has moved some positions into the core but not yet out of the count.
+        with self._owner._lazy_lock:
+            return len(self.core) + self._owner._lazy_count
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._owner._finish_lazy(), name)
