@@ -4,7 +4,9 @@ A snapshot metadata holds one portable roaring bitmap per (segment, ledger): tho
 bucket, 18 to 40 bytes each. :class:`BitmapBlock` keeps them back to back in one ``bytes`` with
 an offsets array, so they cost no Python object each. :class:`DeferredBlock` is a block not yet
 decoded: format 4 stores the bitmaps in a compressed part of their own, decoded on first use.
-Invariant: a block's offsets start at 0, never decrease and end at the blob's length.
+Both answer ``count``, ``loaded``, ``nbytes`` and ``get()``, so a metadata holds either without
+asking which. Invariant: a block's offsets start at 0, never decrease and end at the blob's
+length.
 """
 
 from __future__ import annotations
@@ -58,6 +60,25 @@ class BitmapBlock:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
+    @property
+    def count(self) -> int:
+        """How many bitmaps the block holds."""
+        return len(self.offsets) - 1
+
+    @property
+    def loaded(self) -> bool:
+        """Always True: a block is decoded (see :class:`DeferredBlock`)."""
+        return True
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the blob and the offsets hold."""
+        return len(self.blob) + int(self.offsets.nbytes)
+
+    def get(self) -> BitmapBlock:
+        """The block itself (see :class:`DeferredBlock`)."""
+        return self
+
     def slice(self, start: int, stop: int) -> tuple[bytes, ...]:
         """Bitmaps ``start..stop - 1`` as separate ``bytes`` (for per-segment views)."""
         cuts = self.offsets[start : stop + 1].tolist()
@@ -88,6 +109,12 @@ class DeferredBlock:
     def loaded(self) -> bool:
         """Whether the block has been decoded."""
         return self._block is not None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the compressed part until decoded, then the block's."""
+        block = self._block
+        return self.packed_bytes if block is None else block.nbytes
 
     def get(self) -> BitmapBlock:
         """The block, decoded on the first call."""

@@ -16,7 +16,7 @@ bitmaps``, two parts each zstd-compressed when ``flags & FLAG_ZSTD``. The column
 ``SnapshotMetadata`` protobuf without bitmap fields (and with the cancels a merge folded into the
 bucket, if any); the bitmaps are their sizes (varints) and then the bitmaps back to back. The
 columns decode alone: the bitmaps part is decompressed and checked on first use
-(:class:`~delayindex.snapshot.format.DeferredBlock`), so whatever needs only times and counts
+(:class:`~delayindex.snapshot.blocks.DeferredBlock`), so whatever needs only times and counts
 never pays for the positions. Older formats, still read and re-encoded as themselves: one
 protobuf, zstd-compressed when ``flags & FLAG_ZSTD``; format 2 holds the bitmaps as one block
 plus their sizes inside it, format 1 one protobuf ``bytes`` per bitmap, and format 3 is format 2

@@ -164,25 +164,20 @@ class SnapshotMetadata:
         if not (len(self.maxs) == len(self.counts) == n and len(self.ledger_offsets) == n + 1):
             raise ValueError("segment columns differ in length")
         n_ledgers = len(self.ledgers)
-        held = (
-            self._bitmaps.count if isinstance(self._bitmaps, DeferredBlock) else len(self._bitmaps)
-        )
-        if n_ledgers != held or int(self.ledger_offsets[-1]) != n_ledgers:
+        if n_ledgers != self._bitmaps.count or int(self.ledger_offsets[-1]) != n_ledgers:
             raise ValueError("ledgers, bitmaps and ledger_offsets do not line up")
 
     @property
     def block(self) -> BitmapBlock:
         """The bitmaps, one per (segment, ledger) in column order (a format 4 metadata decodes
         them here, on first use: the codec's ``SnapshotCorruptError`` if they are damaged)."""
-        bitmaps = self._bitmaps
-        return bitmaps.get() if isinstance(bitmaps, DeferredBlock) else bitmaps
+        return self._bitmaps.get()
 
     @property
     def bitmaps_loaded(self) -> bool:
         """Whether :attr:`block` is decoded (False only for a format 4 metadata not yet
         asked for its bitmaps)."""
-        bitmaps = self._bitmaps
-        return bitmaps.loaded if isinstance(bitmaps, DeferredBlock) else True
+        return self._bitmaps.loaded
 
     @classmethod
     def from_segments(
@@ -299,13 +294,7 @@ class SnapshotMetadata:
         """Bytes its columns, bitmaps and folded cancels hold (what a cache of it costs; bitmaps
         not yet decoded count as their compressed frame)."""
         columns = (self.mins, self.maxs, self.counts, self.ledger_offsets, self.ledgers)
-        bitmaps = self._bitmaps
-        if isinstance(bitmaps, DeferredBlock) and not bitmaps.loaded:
-            held = bitmaps.packed_bytes
-        else:
-            block = self.block
-            held = len(block.blob) + block.offsets.nbytes
-        return sum(c.nbytes for c in columns) + held + len(self.folded_cancels)
+        return sum(c.nbytes for c in columns) + self._bitmaps.nbytes + len(self.folded_cancels)
 
     @property
     def num_segments(self) -> int:

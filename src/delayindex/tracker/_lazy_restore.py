@@ -40,7 +40,6 @@ class LazyBucket:
     metadata: SnapshotMetadata
     first: int  # its first live segment: positions of segments first.. are restored
     count: int  # how many: the live segments' counts
-    error: SnapshotCorruptError | None = None  # why its restore failed
 
 
 class LazyCore:
@@ -130,15 +129,13 @@ class LazyRestoreMixin:
         (sorted; recovery applies overrides there); returns the others."""
         if not len(ledgers):
             return lazy
-        keep = []
+        needed: list[LazyBucket] = []
+        keep: list[LazyBucket] = []
         for item in lazy:
             b = item.bucket
-            if np.searchsorted(ledgers, b.end, side="right") > np.searchsorted(ledgers, b.start):
-                if not self._restore_one(core, item):
-                    assert item.error is not None
-                    self._quarantine(b, item.error, item.first, positions_known=False)
-            else:
-                keep.append(item)
+            held = np.searchsorted(ledgers, b.end, side="right") > np.searchsorted(ledgers, b.start)
+            (needed if held else keep).append(item)
+        self._quarantine_unrestored(self._restore_all(core, needed))
         return keep
 
     def _finish_lazy(self) -> Any:
@@ -148,12 +145,10 @@ class LazyRestoreMixin:
             core = self._core
             if not isinstance(core, LazyCore):
                 return core
-            damaged = [item for item in self._lazy if not self._restore_one(core.core, item)]
+            damaged = self._restore_all(core.core, self._lazy)
             self._lazy, self._lazy_count = [], 0
             core = self._unwrap_lazy()
-            for item in damaged:  # found now rather than at open: quarantined now
-                assert item.error is not None
-                self._quarantine(item.bucket, item.error, item.first, positions_known=False)
+            self._quarantine_unrestored(damaged)  # on the real core: it calls into it
             return core
 
     def _drop_lazy(self) -> Any:
@@ -171,18 +166,29 @@ class LazyRestoreMixin:
         return core
 
     @staticmethod
-    def _restore_one(core: Any, item: LazyBucket) -> bool:
-        """Restore ``item``'s positions into ``core``; False (and ``item.error`` set, the core
-        unchanged) if its bitmaps are damaged."""
+    def _restore_all(
+        core: Any, items: list[LazyBucket]
+    ) -> list[tuple[LazyBucket, SnapshotCorruptError]]:
+        """Restore ``items``' positions into ``core``; returns those whose bitmaps turned out
+        damaged (the core holds none of their positions), with why."""
         from delayindex.tracker._recovery import _restore_live  # it imports this module
 
-        assert item.bucket.snapshot_id is not None
-        try:
-            _restore_live(core, item.metadata, item.first, item.bucket.snapshot_id)
-        except SnapshotCorruptError as exc:
-            item.error = exc
-            return False
-        return True
+        damaged = []
+        for item in items:
+            assert item.bucket.snapshot_id is not None
+            try:
+                _restore_live(core, item.metadata, item.first, item.bucket.snapshot_id)
+            except SnapshotCorruptError as exc:
+                damaged.append((item, exc))
+        return damaged
+
+    def _quarantine_unrestored(
+        self, damaged: list[tuple[LazyBucket, SnapshotCorruptError]]
+    ) -> None:
+        """Quarantine the buckets whose restore failed: found now rather than at open, their
+        positions unknown."""
+        for item, exc in damaged:
+            self._quarantine(item.bucket, exc, item.first, positions_known=False)
 
     def _check_lazy(self) -> None:
         """Assert the lazy buckets' invariants (see the module doc)."""

@@ -30,6 +30,7 @@ from delayindex.errors import (
 )
 from delayindex.policy import resolve_overlaps
 from delayindex.snapshot.format import SnapshotMetadata
+from delayindex.storage._overrides import Overrides
 from delayindex.storage.base import SnapshotStorage
 from delayindex.storage.catalog import Catalog
 from delayindex.storage.manifest import BucketRecord, QuarantineRecord
@@ -126,7 +127,7 @@ class RecoveryMixin:
         cutoff = core.cutoff_for(now)
         loaded: list[tuple[BucketRecord, SnapshotMetadata, int, Any]] = []  # segment or None
         mark = self._catalog.manifest.mark_delete
-        deferrable: set[str] = set()
+        lazy_ids: set[str] = set()  # buckets whose positions wait for a call that needs them
         unread: dict[str, StorageError] = {}  # first segments whose read failed: loaded later
         damaged: list[tuple[QuarantineRecord, Any]] = []
         drop: list[str] = [r.snapshot_id for r in overlapping]
@@ -153,7 +154,7 @@ class RecoveryMixin:
                 except StorageError as exc:  # not damage: this bucket's load retries it later
                     unread[sid_name] = exc
                 if not record.folded_cancels and (mark is None or record.start_ledger > mark[0]):
-                    deferrable.add(sid_name)  # its positions wait until a call needs them
+                    lazy_ids.add(sid_name)
                 else:
                     _restore_live(core, metadata, first, sid_name)
             except (SnapshotNotFoundError, SnapshotCorruptError) as exc:
@@ -206,7 +207,7 @@ class RecoveryMixin:
             bucket = self._new_bucket(record.start_ledger, record.end_ledger, 0)
             self._make_durable(bucket, record, metadata)
             core.add_range(bucket.start, bucket.end)
-            if record.snapshot_id in deferrable:
+            if record.snapshot_id in lazy_ids:
                 count = int(metadata.counts[first - 1 :].sum())
                 lazy.append(LazyBucket(bucket, metadata, first, count))
             if segment is None:  # unreadable now: a placeholder, read when due (with backoff)
@@ -233,7 +234,8 @@ class RecoveryMixin:
         for snapshot_id in drop:
             self._request_delete(snapshot_id)
         # What is applied below needs the positions it touches: those buckets are restored now.
-        lazy = self._restore_lazy_in(core, lazy, _needed_ledgers(self, unfolded))
+        needed = _override_ledgers(self._catalog.manifest.overrides, unfolded)
+        lazy = self._restore_lazy_in(core, lazy, needed)
         if mark is not None:  # acknowledged before the restart: never delivered again
             self._mark = mark
             core.untrack_upto(*mark)
@@ -254,11 +256,10 @@ class RecoveryMixin:
         self._ops["recover"].record(True, started)
 
 
-def _needed_ledgers(index: Any, unfolded: list[tuple[Any, Any]]) -> Any:
-    """The ledgers recovery applies overrides to (the manifest's and the unfolded cancels),
-    sorted and unique: a lazy bucket holding one is restored before they apply."""
+def _override_ledgers(stored: Overrides, unfolded: list[tuple[Any, Any]]) -> Any:
+    """The ledgers recovery applies overrides to (the manifest's ``stored`` ones and the
+    unfolded cancels), sorted and unique: a lazy bucket holding one is restored before."""
     parts = [ledgers for ledgers, _ in unfolded]
-    stored = index._catalog.manifest.overrides
     if stored:
         cancelled, _, moved, _, _ = stored.to_arrays()
         parts += [cancelled, moved]
