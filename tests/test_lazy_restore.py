@@ -22,6 +22,7 @@ import delayindex.tracker._recovery as recovery_module
 from delayindex import DelayIndex, ManualClock, MemoryStorage, Position, TrackerConfig
 from delayindex.errors import SnapshotCorruptError
 from delayindex.executors import InlineExecutor
+from delayindex.snapshot.blocks import DeferredBlock
 from delayindex.snapshot.format import SnapshotMetadata
 from delayindex.tracker._lazy_restore import LazyCore
 
@@ -271,4 +272,28 @@ def test_len_from_another_thread_during_a_restore_is_exact(
     restoring.join(10)
     counting.join(10)
     assert counted == [24]
+    index.close()
+
+
+def test_an_open_decodes_only_the_head_of_each_bitmaps_part(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    storage, schedule = _built()
+    wholes: list[int] = []
+    real = DeferredBlock.get
+
+    def spy(self: DeferredBlock) -> Any:
+        if not self.loaded:
+            wholes.append(self.count)
+        return real(self)
+
+    monkeypatch.setattr(DeferredBlock, "get", spy)
+    clock = ManualClock(T0)
+    index = _open(storage, clock)
+    assert wholes == []  # each bucket's first segment read only the head of its bitmaps
+    assert index.contains(3, 5)
+    assert wholes == [3, 3, 3, 3]  # the restore decodes them whole, once
+    sealed = {p: at for p, at in schedule.items() if p.ledger_id < 5}  # 5: lost at close
+    assert _drain(index, clock, sealed) == Counter(list(sealed))
+    assert len(wholes) == 4
     index.close()

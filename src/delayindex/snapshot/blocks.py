@@ -4,9 +4,11 @@ A snapshot metadata holds one portable roaring bitmap per (segment, ledger): tho
 bucket, 18 to 40 bytes each. :class:`BitmapBlock` keeps them back to back in one ``bytes`` with
 an offsets array, so they cost no Python object each. :class:`DeferredBlock` is a block not yet
 decoded: format 4 stores the bitmaps in a compressed part of their own, decoded on first use.
-Both answer ``count``, ``loaded``, ``nbytes`` and ``get()``, so a metadata holds either without
-asking which. Invariant: a block's offsets start at 0, never decrease and end at the blob's
-length.
+Both answer ``count``, ``loaded``, ``nbytes``, ``get()`` and ``head(n)``, so a metadata holds
+either without asking which. ``head(n)`` is what reading a bucket's first segments needs: a
+deferred block decodes only the bitmaps up to ``n`` (the part's leading bytes) the first time,
+and the whole block after that, so no bucket pays for more than one partial decode.
+Invariant: a block's offsets start at 0, never decrease and end at the blob's length.
 """
 
 from __future__ import annotations
@@ -79,6 +81,10 @@ class BitmapBlock:
         """The block itself (see :class:`DeferredBlock`)."""
         return self
 
+    def head(self, n: int) -> BitmapBlock:
+        """A block whose first ``n`` bitmaps are this block's: the block itself."""
+        return self
+
     def slice(self, start: int, stop: int) -> tuple[bytes, ...]:
         """Bitmaps ``start..stop - 1`` as separate ``bytes`` (for per-segment views)."""
         cuts = self.offsets[start : stop + 1].tolist()
@@ -96,11 +102,20 @@ class DeferredBlock:
     read it at once may both decode it: the result is the same, and either is kept.
     """
 
-    __slots__ = ("_block", "_load", "count", "packed_bytes")
+    __slots__ = ("_block", "_head", "_load", "_load_head", "count", "packed_bytes")
 
-    def __init__(self, load: Callable[[], BitmapBlock], count: int, packed_bytes: int) -> None:
+    def __init__(
+        self,
+        load: Callable[[], BitmapBlock],
+        count: int,
+        packed_bytes: int,
+        load_head: Callable[[int], BitmapBlock] | None = None,
+    ) -> None:
         self._load: Callable[[], BitmapBlock] | None = load
         self._block: BitmapBlock | None = None
+        #: Decodes only the first ``n`` bitmaps (None: ``head`` decodes the whole block).
+        self._load_head = load_head
+        self._head: BitmapBlock | None = None  # the one partial decode, until the whole one
         self.count = int(count)
         #: Bytes the compressed frame holds (what the block costs until it is read).
         self.packed_bytes = int(packed_bytes)
@@ -113,8 +128,10 @@ class DeferredBlock:
     @property
     def nbytes(self) -> int:
         """Bytes held: the compressed part until decoded, then the block's."""
-        block = self._block
-        return self.packed_bytes if block is None else block.nbytes
+        block, head = self._block, self._head
+        if block is not None:
+            return block.nbytes
+        return self.packed_bytes + (0 if head is None else head.nbytes)
 
     def get(self) -> BitmapBlock:
         """The block, decoded on the first call."""
@@ -129,4 +146,20 @@ class DeferredBlock:
             if len(block) != self.count:
                 raise ValueError(f"{len(block)} bitmaps where the ledger columns need {self.count}")
             self._block, self._load = block, None  # in this order: see above
+            self._head = self._load_head = None  # frees the part they hold
         return block
+
+    def head(self, n: int) -> BitmapBlock:
+        """A block holding (at least) the first ``n`` bitmaps, the others perhaps left out.
+
+        The first call with ``n`` under half the bitmaps decodes only those ``n``; any later
+        call that needs more, like any call once the block is loaded, gets the whole block.
+        """
+        if self._block is not None or self._load_head is None or 2 * n >= self.count:
+            return self.get()
+        head = self._head
+        if head is None:
+            head = self._head = self._load_head(n)
+            if len(head) != n:
+                raise ValueError(f"{len(head)} bitmaps decoded where {n} were asked for")
+        return head if len(head) >= n else self.get()

@@ -122,7 +122,7 @@ def _put_varint(out: bytearray, value: int) -> None:
     out.append(value)
 
 
-def _get_varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+def _get_varint(data: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         if pos >= end or shift > 63:
@@ -143,14 +143,16 @@ def _frame(index: int, flags: int, payload: bytes) -> bytes:
     return body + _CRC.pack(mmh3.hash(body, index, signed=False))
 
 
-def _unframe(entry: bytes, index: int, name: str) -> tuple[int, bytes]:
+def _unframe(entry: bytes, index: int, name: str) -> tuple[int, memoryview]:
+    """An entry's flags and payload, its checksum verified (the payload is a view: a metadata
+    entry is hundreds of kilobytes, and its parts are cut from it without copies)."""
     if len(entry) < 1 + _CRC.size:
         raise SnapshotCorruptError(f"{name}: entry {index} is truncated ({len(entry)} bytes)")
     body = entry[: -_CRC.size]
     (stored,) = _CRC.unpack_from(entry, len(entry) - _CRC.size)
     if mmh3.hash(body, index, signed=False) != stored:
         raise SnapshotCorruptError(f"{name}: entry {index} checksum mismatch")
-    return body[0], bytes(body[1:])
+    return body[0], memoryview(body)[1:]
 
 
 #: A stamped index name is a manifest name (``storage.manifest.KEY_PATTERN``, repeated here:
@@ -379,7 +381,7 @@ def decode_metadata(entry: bytes, name: str, *, check_bitmaps: bool = True) -> S
     if flags & ~_KNOWN_METADATA_FLAGS:
         raise SnapshotCorruptError(f"{name}: unknown metadata flags {flags:#x}")
     zstd = bool(flags & FLAG_ZSTD)
-    bitmaps: bytes | None = None
+    bitmaps: memoryview | None = None
     if flags & FLAG_SPLIT:
         try:
             length, start = _get_varint(payload, 0, len(payload))
@@ -389,9 +391,8 @@ def decode_metadata(entry: bytes, name: str, *, check_bitmaps: bool = True) -> S
             raise SnapshotCorruptError(f"{name}: the metadata's parts are cut wrong")
         payload, bitmaps = payload[start : start + length], payload[start + length :]
     try:
-        if zstd:
-            payload = _decompress(payload)
-        message = snapshot_pb2.SnapshotMetadata.FromString(payload)
+        raw = _decompress(payload) if zstd else bytes(payload)
+        message = snapshot_pb2.SnapshotMetadata.FromString(raw)
     except (zstandard.ZstdError, DecodeError) as exc:
         raise SnapshotCorruptError(f"{name}: metadata does not decode: {exc}") from None
     try:
@@ -406,28 +407,64 @@ def decode_metadata(entry: bytes, name: str, *, check_bitmaps: bool = True) -> S
         raise SnapshotCorruptError(f"{name}: inconsistent metadata: {exc}") from None
 
 
-def _decompress(payload: bytes) -> bytes:
+def _decompress(payload: bytes | memoryview) -> bytes:
     out: bytes = zstandard.ZstdDecompressor().decompress(
         payload, max_output_size=_MAX_METADATA_BYTES
     )
     return out
 
 
-def _deferred_bitmaps(part: bytes, zstd: bool, name: str) -> Callable[[int], DeferredBlock]:
+def _deferred_bitmaps(part: memoryview, zstd: bool, name: str) -> Callable[[int], DeferredBlock]:
     """Format 4's bitmaps part, to be decoded on first use into ``count`` bitmaps."""
 
     def deferred(count: int) -> DeferredBlock:
         def load() -> BitmapBlock:
             try:
-                raw = _decompress(part) if zstd else part
+                raw = _decompress(part) if zstd else bytes(part)
                 sizes, end = _impl.read_varints(raw, 0, count)
                 return _sized_block(sizes, raw[end:])
             except (zstandard.ZstdError, ValueError) as exc:
                 raise SnapshotCorruptError(f"{name}: the bitmaps do not decode: {exc}") from None
 
-        return DeferredBlock(load, count, len(part))
+        def load_head(n: int) -> BitmapBlock:
+            try:
+                return _head_block(part, zstd, count, n)
+            except (zstandard.ZstdError, ValueError) as exc:
+                raise SnapshotCorruptError(f"{name}: the bitmaps do not decode: {exc}") from None
+
+        return DeferredBlock(load, count, len(part), load_head)
 
     return deferred
+
+
+def _head_block(part: bytes | memoryview, zstd: bool, count: int, n: int) -> BitmapBlock:
+    """The first ``n`` of the ``count`` bitmaps in a bitmaps part, decompressing only the
+    part's leading bytes: the ``count`` sizes, then those bitmaps. (The part's bytes were
+    verified with the entry's checksum; the whole decode checks that the sizes add up.)"""
+    reader = zstandard.ZstdDecompressor().stream_reader(part) if zstd else None
+    data = bytearray() if zstd else bytearray(part)
+
+    def upto(size: int) -> None:
+        while reader is not None and len(data) < size:
+            chunk = reader.read(min(size, _MAX_METADATA_BYTES) - len(data))
+            if not chunk:
+                break
+            data.extend(chunk)
+
+    target = 2 * count + 64  # the sizes: one or two bytes each, as a rule
+    while True:
+        upto(target)
+        ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8)[:target] < 0x80)
+        if len(ends) >= count:
+            break
+        if len(data) < target or target >= _MAX_METADATA_BYTES:
+            raise ValueError("the bitmap sizes are cut short")
+        target *= 2
+    sizes_end = int(ends[count - 1]) + 1 if count else 0
+    sizes, _ = _impl.read_varints(bytes(data[:sizes_end]), 0, n)
+    need = sizes_end + int(sizes.sum())
+    upto(need)
+    return _sized_block(sizes, bytes(data[sizes_end:need]))
 
 
 def _metadata_from_message(
@@ -580,6 +617,12 @@ def decode_segment_buffer(
         empty = np.empty(0, dtype=np.int64)
         return SegmentList(empty, empty, empty, np.zeros(1, dtype=np.int64))
     a, b = first - 1, first - 1 + count
+    # Only the bitmaps up to segment b's are read: a bucket's first segments need not
+    # decompress all of them (a cross-segment check needs them all).
+    block = (
+        metadata.block if check_distinct else metadata.block_head(int(metadata.ledger_offsets[b]))
+    )
+    bitmap_ledgers = metadata.ledgers[: len(block)]
     try:
         times, ledgers, entry_ids, offsets = _impl.decode_segments(
             buffer,
@@ -589,10 +632,10 @@ def decode_segment_buffer(
             metadata.maxs[a:b] - metadata.mins[a:b],
             metadata.counts[a:b],
             metadata.ledger_offsets[a : b + 1],
-            metadata.ledgers,
-            metadata.block.blob,
-            metadata.block.offsets,
-            np.unique(metadata.ledgers, return_inverse=True)[1].astype(np.int64)
+            bitmap_ledgers,
+            block.blob,
+            block.offsets,
+            np.unique(bitmap_ledgers, return_inverse=True)[1].astype(np.int64)
             if check_distinct
             else None,
         )

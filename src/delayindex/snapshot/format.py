@@ -173,6 +173,12 @@ class SnapshotMetadata:
         them here, on first use: the codec's ``SnapshotCorruptError`` if they are damaged)."""
         return self._bitmaps.get()
 
+    def block_head(self, n: int) -> BitmapBlock:
+        """A block holding at least the first ``n`` bitmaps of :attr:`block` (a format 4
+        metadata may decode only those; see
+        :meth:`~delayindex.snapshot.blocks.DeferredBlock.head`)."""
+        return self._bitmaps.head(n)
+
     @property
     def bitmaps_loaded(self) -> bool:
         """Whether :attr:`block` is decoded (False only for a format 4 metadata not yet
