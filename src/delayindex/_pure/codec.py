@@ -131,7 +131,7 @@ def read_varints(data: bytes, start: int, count: int) -> tuple[Int64Array, int]:
     return np.add.reduceat(bits, starts).astype(np.int64), start + end
 
 
-def murmur3_32(data: bytes, seed: int) -> int:
+def murmur3_32(data: bytes | bytearray | memoryview, seed: int) -> int:
     """MurmurHash3 x86_32 of ``data`` (the ``mmh3`` library's)."""
     if not 0 <= seed < 2**32:
         raise OverflowError("seed must fit uint32")

@@ -148,11 +148,11 @@ def _unframe(entry: bytes, index: int, name: str) -> tuple[int, memoryview]:
     entry is hundreds of kilobytes, and its parts are cut from it without copies)."""
     if len(entry) < 1 + _CRC.size:
         raise SnapshotCorruptError(f"{name}: entry {index} is truncated ({len(entry)} bytes)")
-    body = entry[: -_CRC.size]
+    body = memoryview(entry)[: -_CRC.size]
     (stored,) = _CRC.unpack_from(entry, len(entry) - _CRC.size)
-    if mmh3.hash(body, index, signed=False) != stored:
+    if _impl.murmur3_32(body, index) != stored:  # mmh3's hash, without copying the body
         raise SnapshotCorruptError(f"{name}: entry {index} checksum mismatch")
-    return body[0], memoryview(body)[1:]
+    return body[0], body[1:]
 
 
 #: A stamped index name is a manifest name (``storage.manifest.KEY_PATTERN``, repeated here:
@@ -522,15 +522,16 @@ def _metadata_from_message(
     if np.any(deltas > span):
         raise ValueError("a ledger lies outside the bucket's range")
     firsts = offsets[:-1]
-    not_first = np.ones(len(deltas), dtype=bool)
-    not_first[firsts] = False
-    if np.any(deltas[not_first] == 0):
+    repeated = deltas == 0
+    repeated[firsts] = False  # a segment's first ledger may be the bucket's start
+    if repeated.any():
         raise ValueError("a segment's ledgers are not ascending")
-    # Cumulative sum restarting at each segment; each step stays below 2**64 (values <= 2**63).
-    running = np.cumsum(deltas, dtype=np.uint64)
-    restart = np.repeat(running[firsts] - deltas[firsts], ledger_counts)
-    relative = running - restart
-    if np.any(relative > span):
+    # A cumulative sum restarting at each segment: each segment's first step also takes back
+    # the previous segment's total (modulo 2**64, as the sums are; the result is exact).
+    steps = deltas.copy()
+    steps[firsts[1:]] -= np.add.reduceat(deltas, firsts)[:-1]
+    relative = np.cumsum(steps, dtype=np.uint64)
+    if relative.max(initial=0) > span:
         raise ValueError("a ledger lies outside the bucket's range")
     ledgers = relative.astype(np.int64) + np.int64(start)
     if message.num_messages != int(counts.sum()):
