@@ -99,7 +99,8 @@ class DeferredBlock:
     only when something reads it. ``load`` returns the block or raises (the codec's
     :class:`~delayindex.errors.SnapshotCorruptError`, naming the object); ``count`` is the
     number of bitmaps the columns promise, checked against the loaded block. Two threads that
-    read it at once may both decode it: the result is the same, and either is kept.
+    read it at once may both decode it: the result is the same, and either is kept (so too
+    for the head).
     """
 
     __slots__ = ("_block", "_head", "_load", "_load_head", "count", "packed_bytes")
@@ -155,11 +156,14 @@ class DeferredBlock:
         The first call with ``n`` under half the bitmaps decodes only those ``n``; any later
         call that needs more, like any call once the block is loaded, gets the whole block.
         """
-        if self._block is not None or self._load_head is None or 2 * n >= self.count:
+        load_head = self._load_head  # read once: a whole decode in another thread clears it
+        if self._block is not None or load_head is None or 2 * n >= self.count:
             return self.get()
         head = self._head
         if head is None:
-            head = self._head = self._load_head(n)
+            head = load_head(n)
             if len(head) != n:
                 raise ValueError(f"{len(head)} bitmaps decoded where {n} were asked for")
+            if self._block is None:  # else the whole block is there, and the head not needed
+                self._head = head
         return head if len(head) >= n else self.get()
