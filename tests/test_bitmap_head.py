@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from delayindex.errors import SnapshotCorruptError
-from delayindex.snapshot import codec
+from delayindex.snapshot import _parts, codec
 from delayindex.snapshot.blocks import BitmapBlock, DeferredBlock
 from delayindex.snapshot.codec import decode_metadata, decode_segments, split_object
 from delayindex.snapshot.format import SnapshotMetadata, build_snapshot
@@ -45,7 +45,7 @@ def test_head_is_the_whole_blocks_prefix(sizes: list[int], zstd: bool, data: st.
     bitmaps = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for size in sizes]
     block = BitmapBlock.join(bitmaps)
     n = data.draw(st.integers(0, len(sizes)))
-    head = codec._head_block(_part(block, zstd), zstd, len(sizes), n)
+    head = _parts.head_block(_part(block, zstd), zstd, len(sizes), n)
     assert len(head) == n
     assert head.slice(0, n) == block.slice(0, n)
 
@@ -56,11 +56,11 @@ def test_head_of_a_part_cut_short_is_an_error() -> None:
     for zstd in (False, True):
         sizes_cut = zstandard.ZstdCompressor().compress(raw[:5]) if zstd else raw[:5]
         with pytest.raises(ValueError, match="sizes are cut short"):
-            codec._head_block(sizes_cut, zstd, 10, 1)
+            _parts.head_block(sizes_cut, zstd, 10, 1)
         bitmaps_cut = raw[:12]  # the sizes and 2 of the 3 bytes of the first bitmap
         part = zstandard.ZstdCompressor().compress(bitmaps_cut) if zstd else bitmaps_cut
         with pytest.raises(ValueError, match="do not add up"):
-            codec._head_block(part, zstd, 10, 1)
+            _parts.head_block(part, zstd, 10, 1)
 
 
 def test_deferred_block_decodes_one_head_then_the_whole() -> None:

@@ -59,13 +59,22 @@ class BitmapBlock:
         np.cumsum([len(b) for b in bitmaps], out=offsets[1:])
         return cls(b"".join(bytes(b) for b in bitmaps), offsets)
 
+    @classmethod
+    def from_sizes(cls, sizes: Int64Array, blob: bytes) -> BitmapBlock:
+        """The block of ``blob`` cut by ``sizes`` (``ValueError`` unless they add up to it)."""
+        offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])  # sizes < 2**63 each; their sum is checked next
+        if int(offsets[-1]) != len(blob):
+            raise ValueError("the bitmap sizes do not add up to the bitmap block")
+        return cls(blob, offsets)  # which rejects a negative size (offsets that decrease)
+
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
     @property
     def count(self) -> int:
-        """How many bitmaps the block holds."""
-        return len(self.offsets) - 1
+        """How many bitmaps the block holds (``len``; the name :class:`DeferredBlock` has)."""
+        return len(self)
 
     @property
     def loaded(self) -> bool:

@@ -16,7 +16,7 @@ bitmaps``, two parts each zstd-compressed when ``flags & FLAG_ZSTD``. The column
 ``SnapshotMetadata`` protobuf without bitmap fields (and with the cancels a merge folded into the
 bucket, if any); the bitmaps are their sizes (varints) and then the bitmaps back to back. The
 columns decode alone: the bitmaps part is decompressed and checked on first use
-(:class:`~delayindex.snapshot.blocks.DeferredBlock`), so whatever needs only times and counts
+(:mod:`delayindex.snapshot._parts`), so whatever needs only times and counts
 never pays for the positions. Older formats, still read and re-encoded as themselves: one
 protobuf, zstd-compressed when ``flags & FLAG_ZSTD``; format 2 holds the bitmaps as one block
 plus their sizes inside it, format 1 one protobuf ``bytes`` per bitmap, and format 3 is format 2
@@ -49,6 +49,7 @@ from delayindex import _impl
 from delayindex.errors import SnapshotCorruptError
 from delayindex.model import MAX_LEDGER_ID
 from delayindex.pb import snapshot_pb2
+from delayindex.snapshot._parts import decompress, deferred_bitmaps
 from delayindex.snapshot.blocks import BitmapBlock, DeferredBlock
 from delayindex.snapshot.format import (
     FORMAT_VERSIONS,
@@ -69,7 +70,6 @@ FLAG_ZSTD = 0x01
 FLAG_SPLIT = 0x02
 _KNOWN_METADATA_FLAGS = FLAG_ZSTD | FLAG_SPLIT
 ZSTD_LEVEL = 9
-_MAX_METADATA_BYTES = 1 << 30
 _FIXED = struct.Struct("<4sHI")  # magic, version, table_len
 FIXED_HEADER_BYTES = _FIXED.size
 _CRC = struct.Struct("<I")
@@ -391,7 +391,7 @@ def decode_metadata(entry: bytes, name: str, *, check_bitmaps: bool = True) -> S
             raise SnapshotCorruptError(f"{name}: the metadata's parts are cut wrong")
         payload, bitmaps = payload[start : start + length], payload[start + length :]
     try:
-        raw = _decompress(payload) if zstd else bytes(payload)
+        raw = decompress(payload) if zstd else bytes(payload)
         message = snapshot_pb2.SnapshotMetadata.FromString(raw)
     except (zstandard.ZstdError, DecodeError) as exc:
         raise SnapshotCorruptError(f"{name}: metadata does not decode: {exc}") from None
@@ -401,70 +401,10 @@ def decode_metadata(entry: bytes, name: str, *, check_bitmaps: bool = True) -> S
                 f"format {message.format_version} metadata "
                 + ("in two parts" if bitmaps is not None else "in one part")
             )
-        deferred = None if bitmaps is None else _deferred_bitmaps(bitmaps, zstd, name)
+        deferred = None if bitmaps is None else deferred_bitmaps(bitmaps, zstd, name)
         return _metadata_from_message(message, check_bitmaps, deferred)
     except ValueError as exc:
         raise SnapshotCorruptError(f"{name}: inconsistent metadata: {exc}") from None
-
-
-def _decompress(payload: bytes | memoryview) -> bytes:
-    out: bytes = zstandard.ZstdDecompressor().decompress(
-        payload, max_output_size=_MAX_METADATA_BYTES
-    )
-    return out
-
-
-def _deferred_bitmaps(part: memoryview, zstd: bool, name: str) -> Callable[[int], DeferredBlock]:
-    """Format 4's bitmaps part, to be decoded on first use into ``count`` bitmaps."""
-
-    def deferred(count: int) -> DeferredBlock:
-        def load() -> BitmapBlock:
-            try:
-                raw = _decompress(part) if zstd else bytes(part)
-                sizes, end = _impl.read_varints(raw, 0, count)
-                return _sized_block(sizes, raw[end:])
-            except (zstandard.ZstdError, ValueError) as exc:
-                raise SnapshotCorruptError(f"{name}: the bitmaps do not decode: {exc}") from None
-
-        def load_head(n: int) -> BitmapBlock:
-            try:
-                return _head_block(part, zstd, count, n)
-            except (zstandard.ZstdError, ValueError) as exc:
-                raise SnapshotCorruptError(f"{name}: the bitmaps do not decode: {exc}") from None
-
-        return DeferredBlock(load, count, len(part), load_head)
-
-    return deferred
-
-
-def _head_block(part: bytes | memoryview, zstd: bool, count: int, n: int) -> BitmapBlock:
-    """The first ``n`` of the ``count`` bitmaps in a bitmaps part, decompressing only the
-    part's leading bytes: the ``count`` sizes, then those bitmaps. (The part's bytes were
-    verified with the entry's checksum; the whole decode checks that the sizes add up.)"""
-    reader = zstandard.ZstdDecompressor().stream_reader(part) if zstd else None
-    data = bytearray() if zstd else bytearray(part)
-
-    def upto(size: int) -> None:
-        while reader is not None and len(data) < size:
-            chunk = reader.read(min(size, _MAX_METADATA_BYTES) - len(data))
-            if not chunk:
-                break
-            data.extend(chunk)
-
-    target = 2 * count + 64  # the sizes: one or two bytes each, as a rule
-    while True:
-        upto(target)
-        ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8)[:target] < 0x80)
-        if len(ends) >= count:
-            break
-        if len(data) < target or target >= _MAX_METADATA_BYTES:
-            raise ValueError("the bitmap sizes are cut short")
-        target *= 2
-    sizes_end = int(ends[count - 1]) + 1 if count else 0
-    sizes, _ = _impl.read_varints(bytes(data[:sizes_end]), 0, n)
-    need = sizes_end + int(sizes.sum())
-    upto(need)
-    return _sized_block(sizes, bytes(data[sizes_end:need]))
 
 
 def _metadata_from_message(
@@ -564,16 +504,9 @@ def _bitmap_block(message: snapshot_pb2.SnapshotMetadata, count: int) -> BitmapB
     sizes, end = _impl.read_varints(packed, 0, count)
     if end != len(packed):
         raise ValueError("the bitmap sizes do not match the ledger counts")
-    return _sized_block(sizes, message.bitmap_block)  # read once: a read of a bytes field copies
-
-
-def _sized_block(sizes: npt.NDArray[np.int64], blob: bytes) -> BitmapBlock:
-    """The block of ``blob`` cut by ``sizes`` (``ValueError`` unless they add up to it)."""
-    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])  # sizes < 2**63 each; their sum is checked next
-    if int(offsets[-1]) != len(blob) or bool((offsets[1:] < offsets[:-1]).any()):
-        raise ValueError("the bitmap sizes do not add up to the bitmap block")
-    return BitmapBlock(blob, offsets)
+    return BitmapBlock.from_sizes(
+        sizes, message.bitmap_block
+    )  # read once: a read of a bytes field copies
 
 
 def _check_bitmaps(metadata: SnapshotMetadata) -> None:
