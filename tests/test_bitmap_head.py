@@ -8,6 +8,8 @@ These tests hold the head to the whole block, byte for byte, on both builds' ker
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import zstandard
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 
 from delayindex.errors import SnapshotCorruptError
 from delayindex.snapshot import _parts, codec
-from delayindex.snapshot.blocks import BitmapBlock, DeferredBlock
+from delayindex.snapshot.blocks import BitmapBlock, DeferredBlock, LazyPositions
 from delayindex.snapshot.codec import decode_metadata, decode_segments, split_object
 from delayindex.snapshot.format import SnapshotMetadata, build_snapshot
 from delayindex.workload import generate
@@ -122,12 +124,14 @@ def test_first_segments_read_only_the_head_and_match_the_whole() -> None:
 
 
 def test_a_head_decode_failure_names_the_object() -> None:
-    _, framed = _bucket()
+    metadata, framed = _bucket()
     entry = framed[0]
     payload = entry[1:-4]
     length, start = codec._get_varint(payload, 0, len(payload))
     columns = payload[: start + length]
-    cut = zstandard.ZstdCompressor().compress(b"\x05\x05")  # two sizes, for thousands
+    ledgers = codec.pack_varints(np.diff(metadata.ledger_offsets))
+    ledgers += codec.pack_varints(codec._ledger_deltas(metadata))
+    cut = zstandard.ZstdCompressor().compress(ledgers + b"\x05\x05")  # two sizes, for thousands
     lazy = decode_metadata(codec._frame(0, entry[0], columns + cut), NAME, check_bitmaps=False)
     with pytest.raises(SnapshotCorruptError, match=f"{NAME}: the bitmaps do not decode"):
         lazy.block_head(1)
@@ -148,3 +152,73 @@ def test_a_whole_decode_during_a_head_decode_wins() -> None:
     assert deferred.loaded and deferred.nbytes == block.nbytes
     assert deferred._head is None  # nothing holds the head's bytes
     assert deferred.head(2) is block
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 5), min_size=1, max_size=30),
+    gaps=st.data(),
+    zstd=st.booleans(),
+)
+def test_a_positions_part_decodes_its_ledger_columns_and_bitmaps(
+    counts: list[int], gaps: st.DataObject, zstd: bool
+) -> None:
+    # Format 5's part: ledger counts, ledger deltas, then a bitmaps part; the head and the
+    # whole decode agree, and the ledger columns are the ones encoded.
+    start = 1_000
+    ledgers: list[int] = []
+    for count in counts:
+        at = start + gaps.draw(st.integers(0, 3))
+        for _ in range(count):
+            ledgers.append(at)
+            at += gaps.draw(st.integers(1, 300))  # deltas of one and two varint bytes
+    end = max(ledgers) + gaps.draw(st.integers(0, 5))
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    deltas = np.diff(np.array(ledgers), prepend=start)
+    deltas[offsets[:-1]] = np.array(ledgers)[offsets[:-1]] - start
+    rng = np.random.default_rng(len(ledgers))
+    block = BitmapBlock.join([rng.bytes(int(rng.integers(0, 200))) for _ in ledgers])
+    raw = codec.pack_varints(counts) + codec.pack_varints(deltas) + codec._bitmaps_part(block)
+    part = memoryview(zstandard.ZstdCompressor().compress(raw) if zstd else raw)
+    whole = _parts.positions_part(part, zstd, NAME, len(counts), start, end)
+    got_offsets, got_ledgers = whole.columns()
+    assert got_offsets.tolist() == offsets.tolist() and got_ledgers.tolist() == ledgers
+    assert whole.count == len(ledgers) and not whole.loaded
+    n = gaps.draw(st.integers(0, len(ledgers)))
+    assert whole.head(n).slice(0, n) == block.slice(0, n)
+    assert whole.get().blob == block.blob and whole.loaded
+    assert whole.nbytes >= block.nbytes
+    cut = _parts.positions_part(part[:0], zstd, NAME, len(counts), start, end)
+    with pytest.raises(SnapshotCorruptError, match=f"{NAME}: the ledger columns do not decode"):
+        cut.columns()
+    if max(ledgers) > start:  # a bucket's range that ends before its last ledger
+        narrow = _parts.positions_part(part, zstd, NAME, len(counts), start, max(ledgers) - 1)
+        with pytest.raises(SnapshotCorruptError, match="outside the bucket's range"):
+            narrow.get()
+
+
+def test_lazy_positions_decode_the_columns_once_and_then_hold_no_part() -> None:
+    calls: list[str] = []
+    block = BitmapBlock.join([b"ab", b"c", b"def"])
+
+    def columns() -> tuple[Any, Any, int]:
+        calls.append("columns")
+        return np.array([0, 2, 3]), np.array([7, 9, 8]), 5
+
+    def whole(count: int, at: int) -> BitmapBlock:
+        calls.append(f"whole {count} {at}")
+        return block
+
+    def head(count: int, at: int, n: int) -> BitmapBlock:
+        calls.append(f"head {count} {at} {n}")
+        return BitmapBlock.join(list(block.slice(0, n)))
+
+    lazy = LazyPositions(columns, whole, head, 40)
+    assert lazy.nbytes == 40 and calls == []
+    offsets, ledgers = lazy.columns()
+    assert lazy.columns()[1] is ledgers and not ledgers.flags.writeable
+    assert lazy._load_columns is None and lazy._whole is None  # held by the block's loaders
+    assert lazy.head(1).slice(0, 1) == (b"ab",)
+    assert lazy.get() is block and lazy.get() is block and lazy.loaded
+    assert calls == ["columns", "head 3 5 1", "whole 3 5"]
+    assert lazy.nbytes == block.nbytes + offsets.nbytes + ledgers.nbytes

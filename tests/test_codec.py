@@ -44,6 +44,7 @@ from delayindex.snapshot.codec import (
 )
 from delayindex.snapshot.format import (
     FORMAT_VERSION,
+    LEDGERS_APART_FORMAT_VERSION,
     SPLIT_FORMAT_VERSION,
     PreparedSegments,
     Segment,
@@ -702,19 +703,23 @@ def test_garbage_and_foreign_objects(
 
 
 def _message(metadata: SnapshotMetadata) -> snapshot_pb2.SnapshotMetadata:
-    """The metadata as one protobuf holding everything, bitmaps included (a format 4
-    metadata's bitmaps part is folded back into the format 2 fields, so that the cases below
+    """The metadata as one protobuf holding everything, bitmaps included (a format 4 or 5
+    metadata's second part is folded back into the format 2 fields, so that the cases below
     can damage it the same way; :func:`_reframed` splits it again)."""
     message = snapshot_pb2.SnapshotMetadata.FromString(codec._metadata_payload(metadata))
     if metadata.format_version >= SPLIT_FORMAT_VERSION:
         _store_bitmaps(message, list(metadata.bitmaps))
+    if metadata.format_version >= LEDGERS_APART_FORMAT_VERSION:
+        message.ledger_counts.extend(np.diff(metadata.ledger_offsets).tolist())
+        message.ledger_deltas.extend(codec._ledger_deltas(metadata).tolist())
     return message
 
 
 def _reframed(data: bytes, message: snapshot_pb2.SnapshotMetadata, *, zstd: bool = False) -> bytes:
     """``data`` with its metadata replaced by ``message``, checksums valid: one protobuf when
     ``data`` is in a format before 4, else the columns and the bitmaps part (the message's
-    ``bitmap_sizes`` then ``bitmap_block``) in two parts."""
+    ``bitmap_sizes`` then ``bitmap_block``) in two parts; from format 5 the second part begins
+    with the message's ledger columns (``ledger_counts`` then ``ledger_deltas``, varints)."""
     _, entries = split_object(data, NAME)
     compress = zstandard.ZstdCompressor().compress if zstd else bytes
     flags = FLAG_ZSTD if zstd else 0
@@ -723,8 +728,14 @@ def _reframed(data: bytes, message: snapshot_pb2.SnapshotMetadata, *, zstd: bool
         columns.CopyFrom(message)
         columns.ClearField("bitmap_sizes")
         columns.ClearField("bitmap_block")
+        ledgers = b""
+        if decode_metadata(entries[0], NAME).format_version >= LEDGERS_APART_FORMAT_VERSION:
+            values = [*message.ledger_counts, *message.ledger_deltas]
+            ledgers = b"".join(_varint(value) for value in values)
+            columns.ClearField("ledger_counts")
+            columns.ClearField("ledger_deltas")
         first = compress(columns.SerializeToString())
-        second = compress(message.bitmap_sizes + message.bitmap_block)
+        second = compress(ledgers + message.bitmap_sizes + message.bitmap_block)
         entries[0] = codec._frame(0, flags | FLAG_SPLIT, _varint(len(first)) + first + second)
     else:
         entries[0] = codec._frame(0, flags, compress(message.SerializeToString()))
@@ -1170,17 +1181,25 @@ def test_damaged_bitmaps_part_is_found_on_first_use_and_names_the_object() -> No
     payload = entry[1:-4]
     length, start = codec._get_varint(payload, 0, len(payload))
     columns = payload[: start + length]
-    bitmaps = zstandard.ZstdDecompressor().decompress(payload[start + length :])
+    part = zstandard.ZstdDecompressor().decompress(payload[start + length :])
+    # Format 5's part: the ledger columns, then (format 4's part) the sizes and the bitmaps.
+    ledgers = pack_varints(np.diff(metadata.ledger_offsets))
+    ledgers += pack_varints(codec._ledger_deltas(metadata))
+    assert part.startswith(ledgers)
+    bitmaps = part[len(ledgers) :]
     damaged = {
-        "sizes cut short": bitmaps[:3],
-        "a byte missing at the end": bitmaps[:-1],
-        "a byte extra": bitmaps + b"\x00",
+        "sizes cut short": (ledgers + bitmaps[:3], "bitmaps"),
+        "a byte missing at the end": (ledgers + bitmaps[:-1], "bitmaps"),
+        "a byte extra": (ledgers + bitmaps + b"\x00", "bitmaps"),
+        "ledger counts cut short": (ledgers[:3], "ledger columns"),
+        "ledger deltas cut short": (ledgers[: metadata.num_segments + 2], "ledger columns"),
+        "a ledger count of 0": (b"\x00" + part[1:], "ledger columns"),
     }
-    for what, part in damaged.items():
-        framed = codec._frame(0, entry[0], columns + zstandard.ZstdCompressor().compress(part))
+    for what, (damage, where) in damaged.items():
+        framed = codec._frame(0, entry[0], columns + zstandard.ZstdCompressor().compress(damage))
         lazy = decode_metadata(framed, NAME, check_bitmaps=False)  # the columns are sound
         assert lazy.num_messages == metadata.num_messages
-        with pytest.raises(SnapshotCorruptError, match=f"{NAME}: the bitmaps do not decode"):
+        with pytest.raises(SnapshotCorruptError, match=f"{NAME}: the {where} do not decode"):
             lazy.block  # noqa: B018
         with pytest.raises(SnapshotCorruptError, match=NAME):
             decode_metadata(framed, NAME)

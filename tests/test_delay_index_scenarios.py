@@ -1066,7 +1066,9 @@ def test_22735_19394_damaged_snapshot_is_quarantined_and_the_rest_recovers(
     storage: MemoryStorage, clock: ManualClock, damage: str
 ) -> None:
     """Pulsar's failed recovery leaked or failed the whole topic; ours quarantines the damaged
-    bucket, keeps its object untouched, and recovers and delivers every other bucket."""
+    bucket, keeps its object untouched, and recovers and delivers every other bucket. Damage
+    in the header or the metadata is found at open; in a segment (the last byte), when that
+    segment is read (an open reads none): its bucket's messages wait meanwhile."""
     config = tiny(max_indexes_per_segment=-1, max_time_step_per_segment_ms=10_000)
     index = open_index(storage, clock, config)
     schedule = seal_ledgers(index, [1, 2], T0 + 10_000)
@@ -1080,11 +1082,16 @@ def test_22735_19394_damaged_snapshot_is_quarantined_and_the_rest_recovers(
     flipped[at] ^= 0x40
     storage.put_raw_object(bad, bytes(flipped))
     index = open_index(storage, clock, config)
-    [info] = index.quarantined()
-    assert info.snapshot_id == bad and bad in index.stats()["warnings"][-1]
+    if damage == "last-byte":  # a segment's: found when the segment is read
+        assert index.quarantined() == [] and len(index) == 10
+    else:
+        [info] = index.quarantined()
+        assert info.snapshot_id == bad and bad in index.stats()["warnings"][-1]
     assert storage.raw_object(bad) == bytes(flipped)  # kept, untouched
     expected = {p: t for p, t in schedule.items() if p.ledger_id == 2}
     assert_exactly_once(drain(index, clock, expected), expected)
+    [info] = index.quarantined()
+    assert info.snapshot_id == bad and any(bad in w for w in index.stats()["warnings"])
     index.close()
     assert storage.raw_object(bad) == bytes(flipped)
 
@@ -1113,25 +1120,31 @@ def test_22735_unreadable_metadata_at_open_raises_naming_it_and_changes_nothing(
     index.close()
 
 
-def test_an_unreadable_first_segment_at_open_holds_back_its_bucket_only(
+def test_an_open_reads_no_segment_and_an_unreadable_first_one_holds_back_its_bucket_only(
     storage: MemoryStorage, clock: ManualClock
 ) -> None:
-    """A transient failure reading a bucket's first live segment at open is not damage and
-    must not fail the open: that bucket's segment is read when due (with the loads' backoff),
-    reported meanwhile, and every other bucket recovers and delivers."""
+    """An open reads no segment: each bucket's first live segment is read when due. A
+    transient failure reading it then is not damage: that bucket's segment is read again with
+    the loads' backoff, reported meanwhile, and every other bucket delivers."""
     config = tiny(max_indexes_per_segment=-1, max_time_step_per_segment_ms=10_000)
     index = open_index(storage, clock, config)
     schedule = seal_ledgers(index, [1, 2], T0 + 10_000)
     bad = index.buckets()[0].snapshot_id
     assert bad is not None
     index.close()
-    storage.inject_failure("get_segments", times=4)  # every attempt of the first read
+    reads = storage.stats()["get_segments"]["calls"]
     index = open_index(storage, clock, config)
     assert ranges(index) == [(1, 1), (2, 2)] and len(index) == 10
+    assert storage.stats()["get_segments"]["calls"] == reads  # an open reads no segment
+    assert [b.loaded_segment for b in index.buckets()] == [0, 0]  # placeholders: read when due
+    storage.inject_failure("get_segments", times=4)  # every attempt of the first read
+    clock.set(max(schedule.values()))
+    first = index.poll(100)
     stats = index.stats()
     assert stats["retrying_loads"] == {bad: 1} and bad in stats["warnings"][-1]
     assert index.quarantined() == []  # not damage
-    durable = {p: t for p, t in schedule.items() if p.ledger_id in (1, 2)}
+    assert {p.ledger_id for p in first} == {2}  # the other bucket delivers meanwhile
+    durable = {p: t for p, t in schedule.items() if p.ledger_id == 1}
     assert_exactly_once(drain(index, clock, durable), durable)  # the storage answers again
     assert index.stats()["retrying_loads"] == {}
     assert not any(bad in w for w in index.stats()["problems"])

@@ -22,7 +22,7 @@ import delayindex.tracker._recovery as recovery_module
 from delayindex import DelayIndex, ManualClock, MemoryStorage, Position, TrackerConfig
 from delayindex.errors import SnapshotCorruptError
 from delayindex.executors import InlineExecutor
-from delayindex.snapshot.blocks import DeferredBlock
+from delayindex.snapshot.blocks import DeferredBlock, LazyPositions
 from delayindex.snapshot.format import SnapshotMetadata
 from delayindex.tracker._lazy_restore import LazyCore
 
@@ -275,25 +275,47 @@ def test_len_from_another_thread_during_a_restore_is_exact(
     index.close()
 
 
-def test_an_open_decodes_only_the_head_of_each_bitmaps_part(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_an_open_decodes_no_positions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An open reads each bucket's columns only: no ledger column, no bitmap and no segment
+    is decoded until a call needs them (format 5 keeps them in a part of their own)."""
     storage, schedule = _built()
+    columns: list[int] = []
+    heads: list[int] = []
     wholes: list[int] = []
-    real = DeferredBlock.get
+    real_bitmaps, real_head, real_get = (
+        LazyPositions._bitmaps,
+        DeferredBlock.head,
+        DeferredBlock.get,
+    )
 
-    def spy(self: DeferredBlock) -> Any:
+    def spy_bitmaps(self: LazyPositions) -> Any:
+        if self._block is None:
+            columns.append(self.packed_bytes)
+        return real_bitmaps(self)
+
+    def spy_head(self: DeferredBlock, n: int) -> Any:
+        if not self.loaded:
+            heads.append(n)
+        return real_head(self, n)
+
+    def spy_get(self: DeferredBlock) -> Any:
         if not self.loaded:
             wholes.append(self.count)
-        return real(self)
+        return real_get(self)
 
-    monkeypatch.setattr(DeferredBlock, "get", spy)
+    monkeypatch.setattr(LazyPositions, "_bitmaps", spy_bitmaps)
+    monkeypatch.setattr(DeferredBlock, "head", spy_head)
+    monkeypatch.setattr(DeferredBlock, "get", spy_get)
+    reads = storage.stats()["get_segments"]["calls"]
     clock = ManualClock(T0)
     index = _open(storage, clock)
-    assert wholes == []  # each bucket's first segment read only the head of its bitmaps
+    assert len(index) == len(schedule)  # exact, from the columns
+    assert (columns, heads, wholes) == ([], [], [])
+    assert storage.stats()["get_segments"]["calls"] == reads  # no segment read either
     assert index.contains(3, 5)
-    assert wholes == [3, 3, 3, 3]  # the restore decodes them whole, once
-    sealed = {p: at for p, at in schedule.items() if p.ledger_id < 5}  # 5: lost at close
+    assert len(columns) == 4 and wholes == [3, 3, 3, 3]  # the restore decodes them, once
+    assert heads == []
+    sealed = {p: at for p, at in schedule.items() if p.ledger_id < 5}
     assert _drain(index, clock, sealed) == Counter(list(sealed))
-    assert len(wholes) == 4
+    assert len(columns) == len(wholes) == 4
     index.close()

@@ -191,27 +191,31 @@ def test_repair_from_the_dump_delivers_what_an_undamaged_index_would() -> None:
         assert sid is not None
         if damaged:
             flip_segment(storage, sid, 1)
-            index.close()
-            index = open_index(storage, clock)  # found at open: segment 1 is the first live
-            [info] = index.quarantined()
-            assert info.positions_known and info.num_messages == 6
-            [result] = index.repair_quarantined(as_dump(schedule))
-            assert (result.damaged_snapshot_id, result.num_messages) == (sid, 6)
-            assert index.quarantined() == []
-            record = storage.read_manifest(NAME).quarantine(sid)
-            assert record is not None and record.state == "repaired"
-            assert storage.raw_object(sid)  # the damaged object is kept
-            stamped = storage.get_metadata(result.snapshot_id)
-            assert (stamped.index_name, stamped.has_origin) == (NAME, True)  # self-describing
-            assert index.stats()["health"] == "ok"
-        else:
-            index.close()
-            index = open_index(storage, clock)
+        index.close()
+        index = open_index(storage, clock)  # reads no segment: the damage waits
+        assert index.quarantined() == []
         order = []
         for at in [*sorted(set(schedule.values())), T0 + 10**8]:
             clock.set(at)
             while got := index.poll(1):
                 order.extend(got)
+            if index.quarantined():  # found when its first segment came due and was read
+                assert damaged
+                [info] = index.quarantined()
+                assert info.positions_known and info.num_messages == 6
+                [result] = index.repair_quarantined(as_dump(schedule))
+                assert (result.damaged_snapshot_id, result.num_messages) == (sid, 6)
+                assert index.quarantined() == []
+                record = storage.read_manifest(NAME).quarantine(sid)
+                assert record is not None and record.state == "repaired"
+                assert storage.raw_object(sid)  # the damaged object is kept
+                stamped = storage.get_metadata(result.snapshot_id)
+                assert (stamped.index_name, stamped.has_origin) == (NAME, True)  # stamped
+                assert index.stats()["health"] == "ok"
+                while got := index.poll(1):  # the repaired messages due now, in order
+                    order.extend(got)
+        if damaged:
+            assert storage.read_manifest(NAME).quarantine(sid) is not None  # it was found
         results.append(order)
         index.close()
     # The mutable bucket's message is lost at close in both (the replay's job).
@@ -233,7 +237,10 @@ def test_repair_after_the_metadata_is_lost_uses_what_add_would_track() -> None:
 
 
 def test_repair_refuses_a_dump_that_lacks_positions_and_changes_nothing() -> None:
-    storage, _, index, _, schedule = damaged_at_open(1)
+    storage, clock, index, _, schedule = damaged_at_open(1)
+    assert index.quarantined() == []  # segment damage: found when the segment is read
+    clock.set(schedule[Position(1, 0)])
+    assert Position(1, 0) not in index.poll(100) and len(index.quarantined()) == 1
     partial = {p: t for p, t in schedule.items() if p != Position(1, 3)}
     manifest_before = storage.raw_manifest(NAME)
     with pytest.raises(ValueError, match="5 of the 6"):
@@ -411,24 +418,30 @@ def test_cli_repair_rebuilds_from_a_dump_and_release_empties_the_quarantine(
 
 
 def _undecodable_bitmaps(storage: MemoryStorage, snapshot_id: str) -> None:
-    """Replace the bitmaps part of a format 4 metadata with bytes that do not decode, every
-    checksum valid: damage that only the bitmaps' first use can find."""
+    """Replace the bitmaps of a format 5 metadata (after its sound ledger columns) with bytes
+    that do not decode, every checksum valid: damage that only the bitmaps' first use can
+    find."""
     original = storage.raw_object(snapshot_id)
     _, entries = codec.split_object(original, snapshot_id)
     flags, payload = entries[0][0], entries[0][1:-4]
     assert flags & codec.FLAG_SPLIT
+    metadata = codec.decode_metadata(entries[0], snapshot_id)
+    assert metadata.format_version == 5
+    ledgers = codec.pack_varints(np.diff(metadata.ledger_offsets))
+    ledgers += codec.pack_varints(codec._ledger_deltas(metadata))
     length, start = codec._get_varint(payload, 0, len(payload))
-    garbage = zstandard.ZstdCompressor().compress(b"\x05\x01\x02")
+    garbage = zstandard.ZstdCompressor().compress(ledgers + b"\x05\x01\x02")
     entries[0] = codec._frame(0, flags, payload[: start + length] + garbage)
     storage.put_raw_object(snapshot_id, codec.pack_object(entries))
 
 
-def test_bitmaps_that_do_not_decode_quarantine_their_bucket_at_open() -> None:
+def test_bitmaps_that_do_not_decode_quarantine_their_bucket_at_first_use() -> None:
     _, clock, index, sid, schedule = damaged_at_open(0, bucket=1, damage=_undecodable_bitmaps)
+    assert index.quarantined() == []  # an open reads no bitmap
+    assert not any(index.contains(2, e) for e in range(6))  # the first call that needs them
     [info] = index.quarantined()
     assert info.snapshot_id == sid and not info.positions_known
     assert "bitmaps do not decode" in info.reason
-    assert not any(index.contains(2, e) for e in range(6))
     assert all(index.contains(1, e) for e in range(6))  # the other buckets recovered
     expected = {p for p in schedule if p.ledger_id in (1, 3)}  # 4: the mutable bucket's
     delivered = drain(index, clock, schedule)

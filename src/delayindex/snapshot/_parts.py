@@ -12,13 +12,17 @@ decoding failure raises :class:`~delayindex.errors.SnapshotCorruptError` naming 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import zstandard
 
 from delayindex import _impl
 from delayindex.errors import SnapshotCorruptError
-from delayindex.snapshot.blocks import BitmapBlock, DeferredBlock
+from delayindex.snapshot.blocks import BitmapBlock, DeferredBlock, LazyPositions
+
+_T = TypeVar("_T")
 
 #: The most bytes a compressed part may decode to (a bound against a crafted frame).
 MAX_DECODED_BYTES = 1 << 30
@@ -34,10 +38,7 @@ def deferred_bitmaps(part: memoryview, zstd: bool, name: str) -> Callable[[int],
     """Format 4's bitmaps part, to be decoded on first use into ``count`` bitmaps."""
 
     def named(decode: Callable[[], BitmapBlock]) -> BitmapBlock:
-        try:
-            return decode()
-        except (zstandard.ZstdError, ValueError) as exc:
-            raise SnapshotCorruptError(f"{name}: the bitmaps do not decode: {exc}") from None
+        return _named(decode, name, "bitmaps")
 
     def deferred(count: int) -> DeferredBlock:
         return DeferredBlock(
@@ -50,40 +51,125 @@ def deferred_bitmaps(part: memoryview, zstd: bool, name: str) -> Callable[[int],
     return deferred
 
 
-def whole_block(part: bytes | memoryview, zstd: bool, count: int) -> BitmapBlock:
-    """The ``count`` bitmaps of a bitmaps part (``ValueError`` unless the part is exactly
-    their sizes and then their bytes)."""
+def whole_block(part: bytes | memoryview, zstd: bool, count: int, start: int = 0) -> BitmapBlock:
+    """The ``count`` bitmaps of a bitmaps part whose sizes begin at decoded byte ``start``
+    (``ValueError`` unless the part is exactly their sizes and then their bytes)."""
     raw = decompress(part) if zstd else bytes(part)
-    sizes, end = _impl.read_varints(raw, 0, count)
+    sizes, end = _impl.read_varints(raw, start, count)
     return BitmapBlock.from_sizes(sizes, raw[end:])
 
 
-def head_block(part: bytes | memoryview, zstd: bool, count: int, n: int) -> BitmapBlock:
-    """The first ``n`` of the ``count`` bitmaps in a bitmaps part, decompressing only the
-    part's leading bytes: the ``count`` sizes, then those bitmaps. The sizes' end is found
-    from their terminator bytes (below 0x80) rather than by decoding all ``count`` of them;
-    :func:`whole_block` later checks that they add up to the part."""
-    reader = zstandard.ZstdDecompressor().stream_reader(part) if zstd else None
-    data = bytearray() if zstd else bytearray(part)
+class _Prefix:
+    """A part's leading decoded bytes, decompressed only as far as asked for."""
 
-    def upto(size: int) -> None:
-        while reader is not None and len(data) < size:
-            chunk = reader.read(min(size, MAX_DECODED_BYTES) - len(data))
+    def __init__(self, part: bytes | memoryview, zstd: bool) -> None:
+        self._reader = zstandard.ZstdDecompressor().stream_reader(part) if zstd else None
+        self.data = bytearray() if zstd else bytearray(part)
+
+    def upto(self, size: int) -> None:
+        """Decode at least ``size`` bytes (fewer only at the part's end)."""
+        while self._reader is not None and len(self.data) < size:
+            chunk = self._reader.read(min(size, MAX_DECODED_BYTES) - len(self.data))
             if not chunk:
                 break
-            data.extend(chunk)
+            self.data.extend(chunk)
 
-    target = 2 * count + 64  # the sizes: one or two bytes each, as a rule
-    while True:
-        upto(target)
-        ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8)[:target] < 0x80)
-        if len(ends) >= count:
-            break
-        if len(data) < target or target >= MAX_DECODED_BYTES:
-            raise ValueError("the bitmap sizes are cut short")
-        target *= 2
-    sizes_end = int(ends[count - 1]) + 1 if count else 0
-    sizes, _ = _impl.read_varints(bytes(data[:sizes_end]), 0, n)
+    def varints_end(self, start: int, count: int, what: str) -> int:
+        """Where the ``count`` varints from ``start`` end, found from their terminator bytes
+        (below 0x80; the rule of the pure ``read_varints``) without decoding them all."""
+        if count == 0:
+            return start
+        target = start + 2 * count + 64  # one or two bytes each, as a rule
+        while True:
+            self.upto(target)
+            ends = np.flatnonzero(np.frombuffer(self.data, dtype=np.uint8)[start:target] < 0x80)
+            if len(ends) >= count:
+                return start + int(ends[count - 1]) + 1
+            if len(self.data) < target or target >= MAX_DECODED_BYTES:
+                raise ValueError(f"the {what} are cut short")
+            target = start + 2 * (target - start)
+
+
+def head_block(
+    part: bytes | memoryview, zstd: bool, count: int, n: int, start: int = 0
+) -> BitmapBlock:
+    """The first ``n`` of the ``count`` bitmaps in a bitmaps part whose sizes begin at decoded
+    byte ``start``, decompressing only the part's leading bytes: the ``count`` sizes, then
+    those bitmaps. :func:`whole_block` later checks that the sizes add up to the part."""
+    prefix = _Prefix(part, zstd)
+    sizes_end = prefix.varints_end(start, count, "bitmap sizes")
+    sizes, _ = _impl.read_varints(bytes(prefix.data[start:sizes_end]), 0, n)
     need = sizes_end + int(sizes.sum())
-    upto(need)
-    return BitmapBlock.from_sizes(sizes, bytes(data[sizes_end:need]))
+    prefix.upto(need)
+    return BitmapBlock.from_sizes(sizes, bytes(prefix.data[sizes_end:need]))
+
+
+def ledger_columns(
+    ledger_counts: npt.NDArray[np.int64],
+    deltas: npt.NDArray[np.uint64],
+    start: int,
+    end: int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """A bucket's ``(ledger_offsets, ledgers)`` from their stored form: per segment the
+    number of its ledgers, and its ledgers as the first one's offset from ``start`` then
+    deltas, modulo 2**64 (every format stores them so). ``ValueError`` unless every segment
+    has ledgers, ascending and inside ``[start, end]``."""
+    if np.any(ledger_counts < 1):
+        raise ValueError("a segment has no ledgers")
+    offsets = np.concatenate([[0], np.cumsum(ledger_counts)]).astype(np.int64)
+    if len(deltas) != int(offsets[-1]):
+        raise ValueError("ledger columns do not match the ledger counts")
+    span = np.uint64(end - start)
+    if np.any(deltas > span):
+        raise ValueError("a ledger lies outside the bucket's range")
+    firsts = offsets[:-1]
+    repeated = deltas == 0
+    repeated[firsts] = False  # a segment's first ledger may be the bucket's start
+    if repeated.any():
+        raise ValueError("a segment's ledgers are not ascending")
+    # A cumulative sum restarting at each segment: each segment's first step also takes back
+    # the previous segment's total (modulo 2**64, as the sums are; the result is exact).
+    steps = deltas.copy()
+    steps[firsts[1:]] -= np.add.reduceat(deltas, firsts)[:-1]
+    relative = np.cumsum(steps, dtype=np.uint64)
+    if relative.max(initial=0) > span:
+        raise ValueError("a ledger lies outside the bucket's range")
+    return offsets, relative.astype(np.int64) + np.int64(start)
+
+
+def positions_part(
+    part: memoryview, zstd: bool, name: str, segments: int, start: int, end: int
+) -> LazyPositions:
+    """Format 5's positions part (the ledger columns, then the bitmaps part of format 4),
+    decoded on first use: the ledger columns from its leading bytes, the bitmaps whole or
+    only a head (:class:`~delayindex.snapshot.blocks.LazyPositions`)."""
+
+    def columns() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
+        def decode() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
+            prefix = _Prefix(part, zstd)
+            counts_end = prefix.varints_end(0, segments, "ledger counts")
+            counts, _ = _impl.read_varints(bytes(prefix.data[:counts_end]), 0, segments)
+            total = int(counts.sum()) if int(counts.min(initial=1)) >= 1 else -1
+            if total < 0:
+                raise ValueError("a segment has no ledgers")
+            deltas_end = prefix.varints_end(counts_end, total, "ledger deltas")
+            deltas, _ = _impl.read_varints(bytes(prefix.data[counts_end:deltas_end]), 0, total)
+            offsets, ledgers = ledger_columns(counts, deltas.view(np.uint64), start, end)
+            return offsets, ledgers, deltas_end
+
+        return _named(decode, name, "ledger columns")
+
+    def whole(count: int, at: int) -> BitmapBlock:
+        return _named(lambda: whole_block(part, zstd, count, at), name, "bitmaps")
+
+    def head(count: int, at: int, n: int) -> BitmapBlock:
+        return _named(lambda: head_block(part, zstd, count, n, at), name, "bitmaps")
+
+    return LazyPositions(columns, whole, head, len(part))
+
+
+def _named(decode: Callable[[], _T], name: str, what: str) -> _T:
+    try:
+        return decode()
+    except (zstandard.ZstdError, ValueError) as exc:
+        raise SnapshotCorruptError(f"{name}: the {what} do not decode: {exc}") from None

@@ -4,10 +4,12 @@ A snapshot metadata holds one portable roaring bitmap per (segment, ledger): tho
 bucket, 18 to 40 bytes each. :class:`BitmapBlock` keeps them back to back in one ``bytes`` with
 an offsets array, so they cost no Python object each. :class:`DeferredBlock` is a block not yet
 decoded: format 4 stores the bitmaps in a compressed part of their own, decoded on first use.
-Both answer ``count``, ``loaded``, ``nbytes``, ``get()`` and ``head(n)``, so a metadata holds
-either without asking which. ``head(n)`` is what reading a bucket's first segments needs: a
-deferred block decodes only the bitmaps up to ``n`` (the part's leading bytes) the first time,
-and the whole block after that, so no bucket pays for more than one partial decode.
+:class:`LazyPositions` is format 5's part, which also holds the ledger columns the bitmaps
+belong to (``columns()``). All three answer ``count``, ``loaded``, ``nbytes``, ``get()`` and
+``head(n)``, so a metadata holds any of them without asking which. ``head(n)`` is what reading
+a bucket's first segments needs: a deferred block decodes only the bitmaps up to ``n`` (the
+part's leading bytes) the first time, and the whole block after that, so no bucket pays for more
+than one partial decode.
 Invariant: a block's offsets start at 0, never decrease and end at the blob's length.
 """
 
@@ -176,3 +178,89 @@ class DeferredBlock:
             if self._block is None:  # else the whole block is there, and the head not needed
                 self._head = head
         return head if len(head) >= n else self.get()
+
+
+class LazyPositions:
+    """Format 5's positions part, decoded on first use: a bucket's ledger columns and then its
+    bitmaps, both kept out of the columns an open reads.
+
+    ``columns()`` decodes the ledger columns (from the part's leading bytes) once and keeps
+    them; the bitmaps behave as a :class:`DeferredBlock` built from them (``get`` whole,
+    ``head(n)`` the first ``n``). ``columns`` returns ``(ledger_offsets, ledgers, at)``, ``at``
+    being where the bitmap sizes begin in the decoded part; ``whole(count, at)`` and
+    ``head(count, at, n)`` decode the bitmaps. Every decode raises the codec's
+    :class:`~delayindex.errors.SnapshotCorruptError` on damage. Two threads may both decode
+    the columns: the result is the same, and either is kept.
+    """
+
+    __slots__ = ("_block", "_columns", "_head", "_load_columns", "_whole", "packed_bytes")
+
+    def __init__(
+        self,
+        columns: Callable[[], tuple[Int64Array, Int64Array, int]],
+        whole: Callable[[int, int], BitmapBlock],
+        head: Callable[[int, int, int], BitmapBlock],
+        packed_bytes: int,
+    ) -> None:
+        self._load_columns: Callable[[], tuple[Int64Array, Int64Array, int]] | None = columns
+        self._whole: Callable[[int, int], BitmapBlock] | None = whole
+        self._head: Callable[[int, int, int], BitmapBlock] | None = head
+        self._columns: tuple[Int64Array, Int64Array] | None = None
+        self._block: DeferredBlock | None = None
+        #: Bytes the compressed part holds (what the positions cost until they are read).
+        self.packed_bytes = int(packed_bytes)
+
+    def columns(self) -> tuple[Int64Array, Int64Array]:
+        """``(ledger_offsets, ledgers)``: read-only, decoded on the first call."""
+        if self._columns is None:
+            self._bitmaps()
+        assert self._columns is not None
+        return self._columns
+
+    def _bitmaps(self) -> DeferredBlock:
+        block = self._block
+        if block is None:
+            load, whole, head = self._load_columns, self._whole, self._head
+            if load is None or whole is None or head is None:  # decoded by another thread
+                block = self._block
+                assert block is not None
+                return block
+            offsets, ledgers, at = load()
+            if self._block is not None:  # another thread decoded them meanwhile: keep its
+                return self._block
+            count = len(ledgers)
+            block = DeferredBlock(
+                lambda: whole(count, at), count, self.packed_bytes,
+                lambda n: head(count, at, n),
+            )  # fmt: skip
+            self._columns = (frozen_int64(offsets), frozen_int64(ledgers))
+            self._block = block  # before the loaders go: a reader that misses them finds it
+            # The part is now held only by the block's loaders, which it drops once decoded.
+            self._load_columns = self._whole = self._head = None
+        return block
+
+    @property
+    def count(self) -> int:
+        """How many bitmaps the part holds (one per ledger of the columns)."""
+        return len(self.columns()[1])
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the bitmaps have been decoded whole."""
+        return self._block is not None and self._block.loaded
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the compressed part, the decoded columns and bitmaps."""
+        columns = self._columns
+        held = 0 if columns is None else sum(int(c.nbytes) for c in columns)
+        block = self._block
+        return held + (self.packed_bytes if block is None else block.nbytes)
+
+    def get(self) -> BitmapBlock:
+        """The bitmaps, decoded whole on the first call."""
+        return self._bitmaps().get()
+
+    def head(self, n: int) -> BitmapBlock:
+        """A block holding (at least) the first ``n`` bitmaps (:meth:`DeferredBlock.head`)."""
+        return self._bitmaps().head(n)

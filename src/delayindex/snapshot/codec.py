@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,10 +49,11 @@ from delayindex import _impl
 from delayindex.errors import SnapshotCorruptError
 from delayindex.model import MAX_LEDGER_ID
 from delayindex.pb import snapshot_pb2
-from delayindex.snapshot._parts import decompress, deferred_bitmaps
-from delayindex.snapshot.blocks import BitmapBlock, DeferredBlock
+from delayindex.snapshot._parts import decompress, deferred_bitmaps, ledger_columns, positions_part
+from delayindex.snapshot.blocks import BitmapBlock, DeferredBlock, LazyPositions
 from delayindex.snapshot.format import (
     FORMAT_VERSIONS,
+    LEDGERS_APART_FORMAT_VERSION,
     MAX_SEGMENT_SPAN,
     SPLIT_FORMAT_VERSION,
     Int64Array,
@@ -175,8 +176,30 @@ def _metadata_payload(metadata: SnapshotMetadata) -> bytes:
 
 
 def _bitmaps_part(block: BitmapBlock) -> bytes:
-    """Format 4's second part: the bitmaps' sizes (varints), then the bitmaps."""
+    """Format 4's second part (format 5's, after the ledger columns): the bitmaps' sizes
+    (varints), then the bitmaps."""
     return pack_varints(np.diff(block.offsets)) + block.blob
+
+
+def _positions_part(metadata: SnapshotMetadata) -> bytes:
+    """The second part: format 5's ledger columns (varints: each segment's ledger count, then
+    the ledger deltas) before format 4's whole part (:func:`_bitmaps_part`)."""
+    bitmaps = _bitmaps_part(metadata.block)
+    if metadata.format_version < LEDGERS_APART_FORMAT_VERSION:
+        return bitmaps
+    ledger_counts = pack_varints(np.diff(metadata.ledger_offsets))
+    return ledger_counts + pack_varints(_ledger_deltas(metadata)) + bitmaps
+
+
+def _ledger_deltas(metadata: SnapshotMetadata) -> Int64Array:
+    """Per segment: its first ledger's offset from start_ledger, then deltas within it."""
+    offsets = metadata.ledger_offsets
+    ledgers = metadata.ledgers
+    deltas = np.diff(ledgers, prepend=np.int64(metadata.start_ledger))
+    if len(ledgers):
+        firsts = offsets[:-1]
+        deltas[firsts] = ledgers[firsts] - metadata.start_ledger
+    return deltas
 
 
 def _metadata_entry(columns: bytes, bitmaps: bytes | None) -> bytes:
@@ -202,14 +225,7 @@ def _metadata_message(
     """The protobuf message of ``metadata`` (``format_version`` overrides its version: tests
     of inconsistent objects)."""
     mins = metadata.mins
-    offsets = metadata.ledger_offsets
-    ledgers = metadata.ledgers
-    # Per segment: first ledger relative to start_ledger, then deltas within the segment.
-    deltas = np.diff(ledgers, prepend=np.int64(metadata.start_ledger))
-    if len(ledgers):
-        firsts = offsets[:-1]
-        deltas[firsts] = ledgers[firsts] - metadata.start_ledger
-    # Each format's own bitmap form (re-encoding old metadata keeps its bytes).
+    # Each format's own ledger and bitmap form (re-encoding old metadata keeps its bytes).
     if metadata.format_version >= SPLIT_FORMAT_VERSION:  # the bitmaps are a part of their own
         bitmap_fields: dict[str, Any] = {"folded_cancels": metadata.folded_cancels}
     elif metadata.format_version == 1:
@@ -221,6 +237,9 @@ def _metadata_message(
             "bitmap_sizes": pack_varints(np.diff(block.offsets)),
             "folded_cancels": metadata.folded_cancels,
         }
+    if metadata.format_version < LEDGERS_APART_FORMAT_VERSION:  # the ledgers are columns here
+        bitmap_fields["ledger_counts"] = np.diff(metadata.ledger_offsets).tolist()
+        bitmap_fields["ledger_deltas"] = _ledger_deltas(metadata).tolist()
     return snapshot_pb2.SnapshotMetadata(
         format_version=metadata.format_version if format_version is None else format_version,
         start_ledger=metadata.start_ledger,
@@ -230,8 +249,6 @@ def _metadata_message(
         min_deliver_at_deltas=_wrapping_diff(mins).tolist(),
         deliver_at_spans=(metadata.maxs - mins).tolist(),
         counts=metadata.counts.tolist(),
-        ledger_counts=np.diff(offsets).tolist(),
-        ledger_deltas=deltas.tolist(),
         index_name=metadata.index_name,
         generation=metadata.generation,
         **bitmap_fields,
@@ -270,7 +287,7 @@ def encode_entries(metadata: SnapshotMetadata, segments: Sequence[Segment]) -> l
     if len(segments) != metadata.num_segments:
         raise ValueError(f"{len(segments)} segments for metadata with {metadata.num_segments}")
     split = metadata.format_version >= SPLIT_FORMAT_VERSION
-    bitmaps = _bitmaps_part(metadata.block) if split else None
+    bitmaps = _positions_part(metadata) if split else None
     entries = [_metadata_entry(_metadata_payload(metadata), bitmaps)]
     if isinstance(segments, PreparedSegments) and segments.metadata.same_columns(metadata):
         # Built together with this metadata (build_snapshot): consistent by construction.
@@ -396,13 +413,7 @@ def decode_metadata(entry: bytes, name: str, *, check_bitmaps: bool = True) -> S
     except (zstandard.ZstdError, DecodeError) as exc:
         raise SnapshotCorruptError(f"{name}: metadata does not decode: {exc}") from None
     try:
-        if (bitmaps is not None) != (message.format_version >= SPLIT_FORMAT_VERSION):
-            raise ValueError(
-                f"format {message.format_version} metadata "
-                + ("in two parts" if bitmaps is not None else "in one part")
-            )
-        deferred = None if bitmaps is None else deferred_bitmaps(bitmaps, zstd, name)
-        return _metadata_from_message(message, check_bitmaps, deferred)
+        return _metadata_from_message(message, check_bitmaps, bitmaps, zstd, name)
     except ValueError as exc:
         raise SnapshotCorruptError(f"{name}: inconsistent metadata: {exc}") from None
 
@@ -410,8 +421,13 @@ def decode_metadata(entry: bytes, name: str, *, check_bitmaps: bool = True) -> S
 def _metadata_from_message(
     message: snapshot_pb2.SnapshotMetadata,
     check_bitmaps: bool = True,
-    deferred: Callable[[int], DeferredBlock] | None = None,
+    part: memoryview | None = None,
+    zstd: bool = False,
+    name: str = "",
 ) -> SnapshotMetadata:
+    """The metadata a message describes, checked; ``part`` is the second part of a format 4
+    or 5 payload (``zstd``-compressed), decoded later, on first use (``ValueError`` if the
+    message is inconsistent)."""
     version = message.format_version
     if version not in FORMAT_VERSIONS:
         raise ValueError(f"unsupported format version {version}")
@@ -420,10 +436,13 @@ def _metadata_from_message(
         raise ValueError(f"bad ledger range [{start}, {end}]")
     counts = np.array(message.counts, dtype=np.int64)
     n = len(counts)
+    apart = version >= LEDGERS_APART_FORMAT_VERSION
+    if apart and (len(message.ledger_counts) or len(message.ledger_deltas)):
+        raise ValueError(f"format {version} metadata carries ledgers in its columns")
     if n == 0 or not (
         len(message.min_deliver_at_deltas)
         == len(message.deliver_at_spans)
-        == len(message.ledger_counts)
+        == (n if apart else len(message.ledger_counts))
         == n
     ):
         raise ValueError("segment columns differ in length or are empty")
@@ -442,40 +461,32 @@ def _metadata_from_message(
         raise ValueError("a segment starts before the previous one ends")
     if np.any(counts < 1):
         raise ValueError("a segment has no indexes")
-    ledger_counts = np.array(message.ledger_counts, dtype=np.int64)
-    if np.any(ledger_counts < 1):
-        raise ValueError("a segment has no ledgers")
-    offsets = np.concatenate([[0], np.cumsum(ledger_counts)]).astype(np.int64)
-    deltas = np.array(message.ledger_deltas, dtype=np.uint64)
-    if len(deltas) != int(offsets[-1]):
-        raise ValueError("ledger columns do not match the ledger counts")
-    block: BitmapBlock | DeferredBlock
-    if deferred is None:
-        block = _bitmap_block(message, len(deltas))
-        if len(block) != len(deltas):
-            raise ValueError("ledger columns do not match the ledger counts")
-    else:
-        if message.bitmaps or message.bitmap_block or message.bitmap_sizes:
-            raise ValueError(f"format {version} metadata carries bitmaps in its columns")
-        block = deferred(len(deltas))
-    span = np.uint64(end - start)
-    if np.any(deltas > span):
-        raise ValueError("a ledger lies outside the bucket's range")
-    firsts = offsets[:-1]
-    repeated = deltas == 0
-    repeated[firsts] = False  # a segment's first ledger may be the bucket's start
-    if repeated.any():
-        raise ValueError("a segment's ledgers are not ascending")
-    # A cumulative sum restarting at each segment: each segment's first step also takes back
-    # the previous segment's total (modulo 2**64, as the sums are; the result is exact).
-    steps = deltas.copy()
-    steps[firsts[1:]] -= np.add.reduceat(deltas, firsts)[:-1]
-    relative = np.cumsum(steps, dtype=np.uint64)
-    if relative.max(initial=0) > span:
-        raise ValueError("a ledger lies outside the bucket's range")
-    ledgers = relative.astype(np.int64) + np.int64(start)
     if message.num_messages != int(counts.sum()):
         raise ValueError("num_messages differs from the segment counts")
+    if (part is None) != (version < SPLIT_FORMAT_VERSION):
+        parts = "in one part" if part is None else "in two parts"
+        raise ValueError(f"format {version} metadata {parts}")
+    if part is not None and (message.bitmaps or message.bitmap_block or message.bitmap_sizes):
+        raise ValueError(f"format {version} metadata carries bitmaps in its columns")
+    offsets: Int64Array | None = None
+    ledgers: Int64Array | None = None
+    block: BitmapBlock | DeferredBlock | LazyPositions
+    if apart:
+        assert part is not None
+        block = positions_part(part, zstd, name, n, start, end)
+    else:
+        offsets, ledgers = ledger_columns(
+            np.array(message.ledger_counts, dtype=np.int64),
+            np.array(message.ledger_deltas, dtype=np.uint64),
+            start,
+            end,
+        )
+        if part is None:
+            block = _bitmap_block(message, len(ledgers))
+            if len(block) != len(ledgers):
+                raise ValueError("ledger columns do not match the ledger counts")
+        else:
+            block = deferred_bitmaps(part, zstd, name)(len(ledgers))
     index_name = message.index_name
     if index_name and _INDEX_NAME.fullmatch(index_name) is None:
         raise ValueError(f"bad index name {index_name!r}")

@@ -28,20 +28,23 @@ from delayindex import _impl
 from delayindex._cancelset import unpack_cancelled
 from delayindex._sortkeys import pack_positions
 from delayindex.model import MAX_ENTRY_ID, MAX_LEDGER_ID
-from delayindex.snapshot.blocks import BitmapBlock, DeferredBlock, frozen_int64
+from delayindex.snapshot.blocks import BitmapBlock, DeferredBlock, LazyPositions, frozen_int64
 
-#: The metadata format written: 4 keeps a bucket's columns and its bitmaps in two compressed
-#: frames, so the columns read without the bitmaps, with or without folded cancels (see
+#: The metadata format written: 5 keeps a bucket's per-segment columns in one compressed frame
+#: and its positions (the ledger columns, then the bitmaps) in another, so an open reads the
+#: times and counts without the positions, with or without folded cancels (see
 #: ``docs/snapshot-format.md``). Older formats are still read, and re-encoded as themselves:
-#: 1 (one protobuf ``bytes`` per bitmap), 2 (the bitmaps as one block inside the message) and
-#: 3 (format 2 with folded cancels).
-FORMAT_VERSION = 4
+#: 1 (one protobuf ``bytes`` per bitmap), 2 (the bitmaps as one block inside the message),
+#: 3 (format 2 with folded cancels) and 4 (format 5 with the ledger columns in the first frame).
+FORMAT_VERSION = 5
 #: The format 2 metadata that carries folded cancels (read and re-encoded; not written new).
 FOLDED_FORMAT_VERSION = 3
 #: The first format that stores its bitmaps in a frame of their own.
 SPLIT_FORMAT_VERSION = 4
+#: The first format that stores its ledger columns with its bitmaps, not with the times.
+LEDGERS_APART_FORMAT_VERSION = 5
 #: Every metadata format this version reads.
-FORMAT_VERSIONS = (1, 2, 3, 4)
+FORMAT_VERSIONS = (1, 2, 3, 4, 5)
 #: Segment time steps (and so spans) stay below this, far inside int64 arithmetic.
 MAX_SEGMENT_SPAN = 2**62
 
@@ -106,6 +109,8 @@ class SnapshotMetadata:
 
     __slots__ = (
         "_bitmaps",
+        "_ledger_offsets",
+        "_ledgers",
         "_segments",
         "counts",
         "end_ledger",
@@ -113,8 +118,6 @@ class SnapshotMetadata:
         "format_version",
         "generation",
         "index_name",
-        "ledger_offsets",
-        "ledgers",
         "maxs",
         "mins",
         "start_ledger",
@@ -127,9 +130,9 @@ class SnapshotMetadata:
         mins: Int64Array,
         maxs: Int64Array,
         counts: Int64Array,
-        ledger_offsets: Int64Array,
-        ledgers: Int64Array,
-        bitmaps: Sequence[bytes] | BitmapBlock | DeferredBlock,
+        ledger_offsets: Int64Array | None,
+        ledgers: Int64Array | None,
+        bitmaps: Sequence[bytes] | BitmapBlock | DeferredBlock | LazyPositions,
         format_version: int = FORMAT_VERSION,
         *,
         index_name: str = "",
@@ -145,13 +148,17 @@ class SnapshotMetadata:
         self.mins = frozen_int64(mins)
         self.maxs = frozen_int64(maxs)
         self.counts = frozen_int64(counts)
-        self.ledger_offsets = frozen_int64(ledger_offsets)
-        self.ledgers = frozen_int64(ledgers)
-        self._bitmaps: BitmapBlock | DeferredBlock = (
+        self._bitmaps: BitmapBlock | DeferredBlock | LazyPositions = (
             bitmaps
-            if isinstance(bitmaps, BitmapBlock | DeferredBlock)
+            if isinstance(bitmaps, BitmapBlock | DeferredBlock | LazyPositions)
             else BitmapBlock.join(bitmaps)
         )
+        # The ledger columns: None while a format 5 part holds them undecoded (then both).
+        lazy = isinstance(self._bitmaps, LazyPositions)
+        if lazy != (ledger_offsets is None) or lazy != (ledgers is None):
+            raise ValueError("ledger columns are given exactly when the positions are decoded")
+        self._ledger_offsets = None if ledger_offsets is None else frozen_int64(ledger_offsets)
+        self._ledgers = None if ledgers is None else frozen_int64(ledgers)
         if format_version not in FORMAT_VERSIONS:
             raise ValueError(f"unknown metadata format version {format_version}")
         if not isinstance(folded_cancels, bytes):
@@ -161,11 +168,36 @@ class SnapshotMetadata:
         self.folded_cancels = folded_cancels
         self._segments: tuple[SegmentMeta, ...] | None = None
         n = len(self.mins)
-        if not (len(self.maxs) == len(self.counts) == n and len(self.ledger_offsets) == n + 1):
+        if not len(self.maxs) == len(self.counts) == n:
             raise ValueError("segment columns differ in length")
-        n_ledgers = len(self.ledgers)
-        if n_ledgers != self._bitmaps.count or int(self.ledger_offsets[-1]) != n_ledgers:
-            raise ValueError("ledgers, bitmaps and ledger_offsets do not line up")
+        if self._ledgers is not None and self._ledger_offsets is not None:
+            n_ledgers = len(self._ledgers)
+            if len(self._ledger_offsets) != n + 1:
+                raise ValueError("segment columns differ in length")
+            if n_ledgers != self._bitmaps.count or int(self._ledger_offsets[-1]) != n_ledgers:
+                raise ValueError("ledgers, bitmaps and ledger_offsets do not line up")
+
+    @property
+    def ledgers(self) -> Int64Array:
+        """Every segment's ledgers, ascending within each, segment after segment (a format 5
+        metadata decodes them here, on first use: the codec's ``SnapshotCorruptError`` if
+        they are damaged)."""
+        ledgers = self._ledgers
+        return self._lazy_columns()[1] if ledgers is None else ledgers
+
+    @property
+    def ledger_offsets(self) -> Int64Array:
+        """Segment ``i``'s ledgers are ``ledgers[ledger_offsets[i]:ledger_offsets[i + 1]]``
+        (decoded on first use, as :attr:`ledgers`)."""
+        offsets = self._ledger_offsets
+        return self._lazy_columns()[0] if offsets is None else offsets
+
+    def _lazy_columns(self) -> tuple[Int64Array, Int64Array]:
+        positions = self._bitmaps
+        assert isinstance(positions, LazyPositions)
+        offsets, ledgers = positions.columns()
+        assert len(offsets) == self.num_segments + 1  # the part decodes one count per segment
+        return offsets, ledgers
 
     @property
     def block(self) -> BitmapBlock:
@@ -181,7 +213,7 @@ class SnapshotMetadata:
 
     @property
     def bitmaps_loaded(self) -> bool:
-        """Whether :attr:`block` is decoded (False only for a format 4 metadata not yet
+        """Whether :attr:`block` is decoded (False only for a format 4 or 5 metadata not yet
         asked for its bitmaps)."""
         return self._bitmaps.loaded
 
@@ -259,8 +291,8 @@ class SnapshotMetadata:
             self.mins is other.mins
             and self.maxs is other.maxs
             and self.counts is other.counts
-            and self.ledger_offsets is other.ledger_offsets
-            and self.ledgers is other.ledgers
+            and self._ledger_offsets is other._ledger_offsets
+            and self._ledgers is other._ledgers
             and self._bitmaps is other._bitmaps
             and (self.start_ledger, self.end_ledger) == (other.start_ledger, other.end_ledger)
         )
@@ -299,8 +331,9 @@ class SnapshotMetadata:
     def nbytes(self) -> int:
         """Bytes its columns, bitmaps and folded cancels hold (what a cache of it costs; bitmaps
         not yet decoded count as their compressed frame)."""
-        columns = (self.mins, self.maxs, self.counts, self.ledger_offsets, self.ledgers)
-        return sum(c.nbytes for c in columns) + self._bitmaps.nbytes + len(self.folded_cancels)
+        columns = (self.mins, self.maxs, self.counts, self._ledger_offsets, self._ledgers)
+        held = sum(c.nbytes for c in columns if c is not None)  # a format 5 part counts its own
+        return held + self._bitmaps.nbytes + len(self.folded_cancels)
 
     @property
     def num_segments(self) -> int:

@@ -1,16 +1,16 @@
 """DelayIndex's recovery at open (:meth:`DelayIndex.open` calls ``_recover``).
 
-The catalog has repaired the manifest's intents; each live bucket's metadata is read, fully
-due segments are skipped and its first live segment loaded. Its positions are restored now only
+The catalog has repaired the manifest's intents; each live bucket's metadata is read and fully
+due segments are skipped; its first live segment becomes a placeholder, read when due like any
+later one (an open reads no segment). Its positions are restored now only
 if something at open needs them (folded cancels, the mark, a stored override in its range);
 the others wait for the first call that needs membership (``_lazy_restore.py``). The
 persisted mark is applied.
 
-A damaged or missing snapshot quarantines its bucket only (a lazy bucket's bitmaps that fail
-only when restored: then). A storage error reading a metadata raises
+A damaged or missing snapshot quarantines its bucket only (damage in a segment, or in a lazy
+bucket's bitmaps, when it is read: then). A storage error reading a metadata raises
 :class:`~delayindex.errors.RecoveryError` having changed nothing (its positions cannot be
-known); one reading a first live segment does not: that bucket's first segment becomes a
-placeholder, read again when due with the loads' backoff, and every other bucket recovers.
+known); one reading a segment later retries with the loads' backoff.
 """
 
 from __future__ import annotations
@@ -57,34 +57,6 @@ def _restore_live(core: Any, metadata: SnapshotMetadata, first: int, name: str) 
         raise SnapshotCorruptError(f"{name}: bad bitmaps: {exc}") from None
 
 
-def _sound_positions(metadata: SnapshotMetadata, first: int, name: str) -> Any:
-    """:func:`_live_positions`, or None when the bitmaps are damaged too."""
-    try:
-        return _live_positions(metadata, first, name)
-    except SnapshotCorruptError:
-        return None
-
-
-def _live_positions(metadata: SnapshotMetadata, first: int, name: str) -> Any:
-    """Per-ledger union of segments ``first..`` (recovery's index), checked against the counts.
-
-    Raises:
-        SnapshotCorruptError: a bitmap is malformed, a position is in two segments, or the
-            bitmaps do not hold the segments' counts.
-    """
-    try:
-        ledgers, offsets, entries = metadata.ledger_entries(first)
-    except ValueError as exc:
-        raise SnapshotCorruptError(f"{name}: bad bitmaps: {exc}") from None
-    expected = int(metadata.counts[first - 1 :].sum())
-    if len(entries) != expected:
-        raise SnapshotCorruptError(
-            f"{name}: the live segments' bitmaps hold {len(entries)} positions, "
-            f"their counts say {expected}"
-        )
-    return ledgers, offsets, entries
-
-
 class RecoveryMixin:
     """DelayIndex's recovery (state lives on the DelayIndex)."""
 
@@ -125,20 +97,15 @@ class RecoveryMixin:
         now = self._now()
         core = self._core
         cutoff = core.cutoff_for(now)
-        loaded: list[tuple[BucketRecord, SnapshotMetadata, int, Any]] = []  # segment or None
+        loaded: list[tuple[BucketRecord, SnapshotMetadata, int]] = []
         mark = self._catalog.manifest.mark_delete
         lazy_ids: set[str] = set()  # buckets whose positions wait for a call that needs them
-        unread: dict[str, StorageError] = {}  # first segments whose read failed: loaded later
         damaged: list[tuple[QuarantineRecord, Any]] = []
         drop: list[str] = [r.snapshot_id for r in overlapping]
         unfolded: list[tuple[Any, Any]] = []
         for record in records:
             sid_name = record.snapshot_id
-            metadata: SnapshotMetadata | None = None
-            found: int | None = None
-            segment: Any = None
             first = 1
-            live: Any = None
             try:
                 # Bitmaps are parsed once, below, and only those of the live segments.
                 metadata = self._storage.get_metadata(sid_name, check_bitmaps=False)
@@ -149,32 +116,21 @@ class RecoveryMixin:
                         unfolded.append(metadata.folded_positions())
                     continue
                 first = found
-                try:
-                    segment = self._storage.get_segments(sid_name, first, first)[0]
-                except StorageError as exc:  # not damage: this bucket's load retries it later
-                    unread[sid_name] = exc
                 if not record.folded_cancels and (mark is None or record.start_ledger > mark[0]):
                     lazy_ids.add(sid_name)
                 else:
                     _restore_live(core, metadata, first, sid_name)
             except (SnapshotNotFoundError, SnapshotCorruptError) as exc:
-                # Damage stays local: this bucket is quarantined, the others recover. Its
-                # positions are held when its bitmaps are sound (the segment was damaged).
-                if segment is not None or metadata is None or found is None or sid_name in unread:
-                    live = None
-                else:
-                    live = _sound_positions(metadata, first, sid_name)
-                remaining = record.num_messages
-                if live is not None and metadata is not None:
-                    remaining = int(metadata.counts[first - 1 :].sum())
+                # Damage stays local: this bucket is quarantined (its positions unknown: its
+                # metadata or bitmaps are damaged), the others recover.
                 damaged.append(
                     (
                         QuarantineRecord(
-                            sid_name, record.start_ledger, record.end_ledger, remaining,
-                            first, damage_reason(exc), max(now, 0),
+                            sid_name, record.start_ledger, record.end_ledger,
+                            record.num_messages, first, damage_reason(exc), max(now, 0),
                             folded_cancels=record.folded_cancels,
                         ),
-                        live,
+                        None,
                     )
                 )  # fmt: skip
                 continue
@@ -185,7 +141,7 @@ class RecoveryMixin:
                     f"[{record.start_ledger}, {record.end_ledger}]) failed: {exc}; nothing was "
                     "changed, open again once the storage answers"
                 ) from exc
-            loaded.append((record, metadata, first, segment))
+            loaded.append((record, metadata, first))
         if damaged:
             try:
                 self._catalog.quarantine_buckets([q for q, _ in damaged])
@@ -203,31 +159,18 @@ class RecoveryMixin:
             if q.active and q.snapshot_id not in new_ids
         )
         lazy: list[LazyBucket] = []
-        for record, metadata, first, segment in loaded:
+        for record, metadata, first in loaded:
             bucket = self._new_bucket(record.start_ledger, record.end_ledger, 0)
             self._make_durable(bucket, record, metadata)
             core.add_range(bucket.start, bucket.end)
             if record.snapshot_id in lazy_ids:
                 count = int(metadata.counts[first - 1 :].sum())
                 lazy.append(LazyBucket(bucket, metadata, first, count))
-            if segment is None:  # unreadable now: a placeholder, read when due (with backoff)
-                bucket.current = first - 1
-                bucket.load_failures = 1
-                core.set_source(bucket.sid, _NONE, _NONE, _NONE, bucket.next_time(first - 1))
-                self._warnings.append(
-                    f"reading segment {first} of {record.snapshot_id!r} (bucket "
-                    f"[{record.start_ledger}, {record.end_ledger}]) failed at open; it is read "
-                    f"again when due (backoff on failure), the bucket's messages wait (late, "
-                    f"never early), the others deliver; check the storage: "
-                    f"{unread[record.snapshot_id]}",
-                    key=f"load:{record.snapshot_id}",
-                )
-                continue
-            bucket.current = first
-            core.set_source(
-                bucket.sid, segment.times, segment.ledgers, segment.entries,
-                bucket.next_time(first),
-            )  # fmt: skip
+            # Its first live segment is a placeholder, read when due (or ahead of that, by the
+            # storage's read-ahead): an open reads no segment. Damage found then quarantines
+            # the bucket as any load's does; a failing read retries with backoff.
+            bucket.current = first - 1
+            core.set_source(bucket.sid, _NONE, _NONE, _NONE, bucket.next_time(first - 1))
             self._read_ahead(bucket, now)
         for quarantine, live in damaged:
             self._install_quarantined(quarantine, live)
