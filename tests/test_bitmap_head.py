@@ -222,3 +222,13 @@ def test_lazy_positions_decode_the_columns_once_and_then_hold_no_part() -> None:
     assert lazy.get() is block and lazy.get() is block and lazy.loaded
     assert calls == ["columns", "head 3 5 1", "whole 3 5"]
     assert lazy.nbytes == block.nbytes + offsets.nbytes + ledgers.nbytes
+
+
+def test_a_positions_part_with_absurd_ledger_counts_is_corrupt() -> None:
+    # Checksums hold only for what a writer made: a count past what the part could hold, or
+    # of zero, is refused before it sizes anything.
+    for counts, match in (([1, 2**40], "too many ledgers"), ([1, 0], "no ledgers")):
+        raw = codec.pack_varints(counts) + bytes(64)
+        part = _parts.positions_part(memoryview(raw), False, NAME, 2, 0, 10)
+        with pytest.raises(SnapshotCorruptError, match=f"{NAME}: the ledger columns .*{match}"):
+            part.columns()

@@ -1,12 +1,19 @@
-"""The compressed parts of a metadata payload, decoded: zstd, and format 4's bitmaps part.
+"""The compressed parts of a metadata payload, decoded: zstd, and the second part of formats
+4 and 5.
 
 A format 4 bitmaps part is the byte size of each bitmap (unsigned LEB128 varints, one per
 (segment, ledger) of the columns) and then the bitmaps back to back, zstd-compressed when the
 entry's flags say so. :func:`deferred_bitmaps` wraps a part in a
 :class:`~delayindex.snapshot.blocks.DeferredBlock` that decodes it whole on first use, or only
-its leading bytes (:func:`head_block`) when a bucket's first segments are all that is read. The
-part's bytes have been verified with the entry's checksum before any of this runs; every
-decoding failure raises :class:`~delayindex.errors.SnapshotCorruptError` naming the object.
+its leading bytes (:func:`head_block`) when a bucket's first segments are all that is read. A
+format 5 positions part puts the ledger columns (each segment's ledger count, then the ledger
+deltas, varints) before such a bitmaps part; :func:`positions_part` wraps it in a
+:class:`~delayindex.snapshot.blocks.LazyPositions`, which decodes the ledger columns from the
+leading bytes on first use and the bitmaps after them. :func:`ledger_columns` is the one rule
+that turns stored ledger columns into ``(ledger_offsets, ledgers)`` and checks them, for every
+format. The parts' bytes have been verified with the entry's checksum before any of this runs;
+every decoding failure raises :class:`~delayindex.errors.SnapshotCorruptError` naming the
+object.
 """
 
 from __future__ import annotations
@@ -149,9 +156,11 @@ def positions_part(
             prefix = _Prefix(part, zstd)
             counts_end = prefix.varints_end(0, segments, "ledger counts")
             counts, _ = _impl.read_varints(bytes(prefix.data[:counts_end]), 0, segments)
-            total = int(counts.sum()) if int(counts.min(initial=1)) >= 1 else -1
-            if total < 0:
+            if int(counts.min(initial=1)) < 1:
                 raise ValueError("a segment has no ledgers")
+            if int(counts.max(initial=0)) > MAX_DECODED_BYTES:  # more than the part can hold
+                raise ValueError("a segment has too many ledgers")
+            total = int(counts.sum())  # below 2**61: no wrap-around
             deltas_end = prefix.varints_end(counts_end, total, "ledger deltas")
             deltas, _ = _impl.read_varints(bytes(prefix.data[counts_end:deltas_end]), 0, total)
             offsets, ledgers = ledger_columns(counts, deltas.view(np.uint64), start, end)

@@ -2,16 +2,17 @@
 
 How it works. Recovery used to restore every recovered bucket's positions into the core's dedup
 index at open: per-message work, about 6 ns each. Now a bucket whose positions nothing at open
-depends on is *lazy*: its first live segment is loaded as before, and its positions wait in
-``_lazy``. Until they are restored the tracker's core is a :class:`LazyCore`. It answers
-``len`` exactly (the core's count plus the lazy buckets' live counts) and a few questions that
-do not depend on membership; any other attribute first restores every lazy bucket, then puts
-the real core back in place (the tracker's and its front's), so later calls pay nothing. Every
-path to the core goes through the tracker's ``_core`` or its front's ``core``, so no call can
-see a partial membership.
+depends on is *lazy*: its first live segment is a placeholder (read when due, as for every
+bucket), and its positions wait in ``_lazy``, undecoded (format 5 keeps them, ledger columns
+included, in a part of their own). Until they are restored the tracker's core is a
+:class:`LazyCore`. It answers ``len`` exactly (the core's count plus the lazy buckets' live
+counts) and a few questions that do not depend on membership; any other attribute first
+restores every lazy bucket, then puts the real core back in place (the tracker's and its
+front's), so later calls pay nothing. Every path to the core goes through the tracker's
+``_core`` or its front's ``core``, so no call can see a partial membership.
 
 Invariants: a lazy bucket is durable, not folded, and has a source (its segment ``first``, or
-a placeholder for it if that read failed); ``_lazy_count`` is the sum of the lazy buckets'
+a placeholder for it); ``_lazy_count`` is the sum of the lazy buckets'
 live counts; no position of a lazy bucket is in the core. A bucket whose bitmaps turn out
 damaged when restored is quarantined then, its positions unknown, as it would have been at
 open.
