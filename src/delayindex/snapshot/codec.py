@@ -11,16 +11,18 @@ Object layout (object version 1, all integers little-endian)::
 
     entry      flags u8 | payload | crc u32   (mmh3 of flags + payload, seeded with the entry index)
 
-Metadata payload, format 4 (written; ``flags & FLAG_SPLIT``): ``varint len(columns) | columns |
-bitmaps``, two parts each zstd-compressed when ``flags & FLAG_ZSTD``. The columns are a
-``SnapshotMetadata`` protobuf without bitmap fields (and with the cancels a merge folded into the
-bucket, if any); the bitmaps are their sizes (varints) and then the bitmaps back to back. The
-columns decode alone: the bitmaps part is decompressed and checked on first use
-(:mod:`delayindex.snapshot._parts`), so whatever needs only times and counts
-never pays for the positions. Older formats, still read and re-encoded as themselves: one
-protobuf, zstd-compressed when ``flags & FLAG_ZSTD``; format 2 holds the bitmaps as one block
-plus their sizes inside it, format 1 one protobuf ``bytes`` per bitmap, and format 3 is format 2
-plus folded cancels (packed, unpacked and range-checked on every decode).
+Metadata payload, format 5 (written; ``flags & FLAG_SPLIT``): ``varint len(columns) | columns |
+positions``, two parts each zstd-compressed when ``flags & FLAG_ZSTD``. The columns are a
+``SnapshotMetadata`` protobuf without ledger columns or bitmap fields (and with the cancels a
+merge folded into the bucket, if any); the positions are the ledger columns (varints: each
+segment's ledger count, then the ledger deltas), the bitmaps' sizes (varints) and then the
+bitmaps back to back. The columns decode alone: the positions part is decompressed and checked
+on first use (:mod:`delayindex.snapshot._parts`), so whatever needs only times and counts (an
+open) never pays for the positions. Older formats, still read and re-encoded as themselves:
+format 4 is format 5 with the ledger columns in its columns part; before it one protobuf,
+zstd-compressed when ``flags & FLAG_ZSTD``: format 2 holds the bitmaps as one block plus their
+sizes inside it, format 1 one protobuf ``bytes`` per bitmap, and format 3 is format 2 plus
+folded cancels (packed, unpacked and range-checked on every decode).
 Segment payload: the segment's deliver times minus the segment minimum, bit-packed LSB-first at
 ``bit_length(max - min)`` bits each, in position order (as the segment's bitmaps enumerate
 positions), so a one-index segment with min == max has an empty payload. Positions are never
@@ -170,7 +172,8 @@ def _wrapping_diff(values: np.ndarray) -> np.ndarray:
 
 
 def _metadata_payload(metadata: SnapshotMetadata) -> bytes:
-    """The protobuf bytes: all of the metadata before format 4, its columns from format 4."""
+    """The protobuf bytes: all of the metadata before format 4, its columns from format 4
+    (from format 5 without the ledger columns)."""
     payload: bytes = _metadata_message(metadata).SerializeToString()
     return payload
 
@@ -203,7 +206,7 @@ def _ledger_deltas(metadata: SnapshotMetadata) -> Int64Array:
 
 
 def _metadata_entry(columns: bytes, bitmaps: bytes | None) -> bytes:
-    """Framed entry 0: one protobuf (``bitmaps`` None, formats 1-3) or format 4's two parts;
+    """Framed entry 0: one protobuf (``bitmaps`` None, formats 1-3) or two parts (4 and 5);
     compressed when that makes it smaller."""
     compress = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress
     if bitmaps is None:

@@ -201,12 +201,13 @@ class SnapshotMetadata:
 
     @property
     def block(self) -> BitmapBlock:
-        """The bitmaps, one per (segment, ledger) in column order (a format 4 metadata decodes
-        them here, on first use: the codec's ``SnapshotCorruptError`` if they are damaged)."""
+        """The bitmaps, one per (segment, ledger) in column order (a format 4 or 5 metadata
+        decodes them here, on first use: the codec's ``SnapshotCorruptError`` if they are
+        damaged)."""
         return self._bitmaps.get()
 
     def block_head(self, n: int) -> BitmapBlock:
-        """A block holding at least the first ``n`` bitmaps of :attr:`block` (a format 4
+        """A block holding at least the first ``n`` bitmaps of :attr:`block` (a format 4 or 5
         metadata may decode only those; see
         :meth:`~delayindex.snapshot.blocks.DeferredBlock.head`)."""
         return self._bitmaps.head(n)
@@ -515,7 +516,7 @@ class PreparedSegments(SegmentList):
 
 
 def _check_folded_form(format_version: int, folded_cancels: bytes) -> None:
-    """Formats 1 and 2 never carry folded cancels, format 3 always does, format 4 may."""
+    """Formats 1 and 2 never carry folded cancels, format 3 always does, 4 and 5 may."""
     if format_version >= SPLIT_FORMAT_VERSION:
         return
     if bool(folded_cancels) != (format_version == FOLDED_FORMAT_VERSION):
