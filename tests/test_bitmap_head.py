@@ -129,8 +129,7 @@ def test_a_head_decode_failure_names_the_object() -> None:
     payload = entry[1:-4]
     length, start = codec._get_varint(payload, 0, len(payload))
     columns = payload[: start + length]
-    ledgers = codec.pack_varints(np.diff(metadata.ledger_offsets))
-    ledgers += codec.pack_varints(codec._ledger_deltas(metadata))
+    ledgers = b"".join(map(codec.pack_varints, codec._stored_ledgers(metadata)))
     cut = zstandard.ZstdCompressor().compress(ledgers + b"\x05\x05")  # two sizes, for thousands
     lazy = decode_metadata(codec._frame(0, entry[0], columns + cut), NAME, check_bitmaps=False)
     with pytest.raises(SnapshotCorruptError, match=f"{NAME}: the bitmaps do not decode"):
@@ -201,26 +200,26 @@ def test_lazy_positions_decode_the_columns_once_and_then_hold_no_part() -> None:
     calls: list[str] = []
     block = BitmapBlock.join([b"ab", b"c", b"def"])
 
-    def columns() -> tuple[Any, Any, int]:
-        calls.append("columns")
-        return np.array([0, 2, 3]), np.array([7, 9, 8]), 5
-
-    def whole(count: int, at: int) -> BitmapBlock:
-        calls.append(f"whole {count} {at}")
+    def whole() -> BitmapBlock:
+        calls.append("whole")
         return block
 
-    def head(count: int, at: int, n: int) -> BitmapBlock:
-        calls.append(f"head {count} {at} {n}")
+    def head(n: int) -> BitmapBlock:
+        calls.append(f"head {n}")
         return BitmapBlock.join(list(block.slice(0, n)))
 
-    lazy = LazyPositions(columns, whole, head, 40)
+    def load() -> tuple[Any, Any, DeferredBlock]:
+        calls.append("columns")
+        return np.array([0, 2, 3]), np.array([7, 9, 8]), DeferredBlock(whole, 3, 40, head)
+
+    lazy = LazyPositions(load, 40)
     assert lazy.nbytes == 40 and calls == []
     offsets, ledgers = lazy.columns()
     assert lazy.columns()[1] is ledgers and not ledgers.flags.writeable
-    assert lazy._load_columns is None and lazy._whole is None  # held by the block's loaders
+    assert lazy._load is None  # the part is held by the block's loaders only
     assert lazy.head(1).slice(0, 1) == (b"ab",)
     assert lazy.get() is block and lazy.get() is block and lazy.loaded
-    assert calls == ["columns", "head 3 5 1", "whole 3 5"]
+    assert calls == ["columns", "head 1", "whole"]
     assert lazy.nbytes == block.nbytes + offsets.nbytes + ledgers.nbytes
 
 

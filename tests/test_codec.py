@@ -710,8 +710,9 @@ def _message(metadata: SnapshotMetadata) -> snapshot_pb2.SnapshotMetadata:
     if metadata.format_version >= SPLIT_FORMAT_VERSION:
         _store_bitmaps(message, list(metadata.bitmaps))
     if metadata.format_version >= LEDGERS_APART_FORMAT_VERSION:
-        message.ledger_counts.extend(np.diff(metadata.ledger_offsets).tolist())
-        message.ledger_deltas.extend(codec._ledger_deltas(metadata).tolist())
+        counts, deltas = codec._stored_ledgers(metadata)
+        message.ledger_counts.extend(counts.tolist())
+        message.ledger_deltas.extend(deltas.tolist())
     return message
 
 
@@ -1183,8 +1184,7 @@ def test_damaged_bitmaps_part_is_found_on_first_use_and_names_the_object() -> No
     columns = payload[: start + length]
     part = zstandard.ZstdDecompressor().decompress(payload[start + length :])
     # Format 5's part: the ledger columns, then (format 4's part) the sizes and the bitmaps.
-    ledgers = pack_varints(np.diff(metadata.ledger_offsets))
-    ledgers += pack_varints(codec._ledger_deltas(metadata))
+    ledgers = b"".join(map(pack_varints, codec._stored_ledgers(metadata)))
     assert part.startswith(ledgers)
     bitmaps = part[len(ledgers) :]
     damaged = {

@@ -427,8 +427,7 @@ def _undecodable_bitmaps(storage: MemoryStorage, snapshot_id: str) -> None:
     assert flags & codec.FLAG_SPLIT
     metadata = codec.decode_metadata(entries[0], snapshot_id)
     assert metadata.format_version == 5
-    ledgers = codec.pack_varints(np.diff(metadata.ledger_offsets))
-    ledgers += codec.pack_varints(codec._ledger_deltas(metadata))
+    ledgers = b"".join(map(codec.pack_varints, codec._stored_ledgers(metadata)))
     length, start = codec._get_varint(payload, 0, len(payload))
     garbage = zstandard.ZstdCompressor().compress(ledgers + b"\x05\x01\x02")
     entries[0] = codec._frame(0, flags, payload[: start + length] + garbage)

@@ -41,18 +41,21 @@ def decompress(payload: bytes | memoryview) -> bytes:
     return out
 
 
-def deferred_bitmaps(part: memoryview, zstd: bool, name: str) -> Callable[[int], DeferredBlock]:
-    """Format 4's bitmaps part, to be decoded on first use into ``count`` bitmaps."""
+def deferred_bitmaps(
+    part: memoryview, zstd: bool, name: str, start: int = 0
+) -> Callable[[int], DeferredBlock]:
+    """A bitmaps part (format 4's whole part; format 5's from decoded byte ``start``, after the
+    ledger columns), to be decoded on first use into ``count`` bitmaps."""
 
     def named(decode: Callable[[], BitmapBlock]) -> BitmapBlock:
         return _named(decode, name, "bitmaps")
 
     def deferred(count: int) -> DeferredBlock:
         return DeferredBlock(
-            lambda: named(lambda: whole_block(part, zstd, count)),
+            lambda: named(lambda: whole_block(part, zstd, count, start)),
             count,
             len(part),
-            lambda n: named(lambda: head_block(part, zstd, count, n)),
+            lambda n: named(lambda: head_block(part, zstd, count, n, start)),
         )
 
     return deferred
@@ -147,34 +150,25 @@ def ledger_columns(
 def positions_part(
     part: memoryview, zstd: bool, name: str, segments: int, start: int, end: int
 ) -> LazyPositions:
-    """Format 5's positions part (the ledger columns, then the bitmaps part of format 4),
-    decoded on first use: the ledger columns from its leading bytes, the bitmaps whole or
-    only a head (:class:`~delayindex.snapshot.blocks.LazyPositions`)."""
+    """Format 5's positions part (the ledger columns, then a bitmaps part), decoded on first
+    use: the ledger columns from its leading bytes, then the bitmaps after them as
+    :func:`deferred_bitmaps` (:class:`~delayindex.snapshot.blocks.LazyPositions`)."""
 
-    def columns() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
-        def decode() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
-            prefix = _Prefix(part, zstd)
-            counts_end = prefix.varints_end(0, segments, "ledger counts")
-            counts, _ = _impl.read_varints(bytes(prefix.data[:counts_end]), 0, segments)
-            if int(counts.min(initial=1)) < 1:
-                raise ValueError("a segment has no ledgers")
-            if int(counts.max(initial=0)) > MAX_DECODED_BYTES:  # more than the part can hold
-                raise ValueError("a segment has too many ledgers")
-            total = int(counts.sum())  # below 2**61: no wrap-around
-            deltas_end = prefix.varints_end(counts_end, total, "ledger deltas")
-            deltas, _ = _impl.read_varints(bytes(prefix.data[counts_end:deltas_end]), 0, total)
-            offsets, ledgers = ledger_columns(counts, deltas.view(np.uint64), start, end)
-            return offsets, ledgers, deltas_end
+    def decode() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], DeferredBlock]:
+        prefix = _Prefix(part, zstd)
+        counts_end = prefix.varints_end(0, segments, "ledger counts")
+        counts, _ = _impl.read_varints(bytes(prefix.data[:counts_end]), 0, segments)
+        if int(counts.min(initial=1)) < 1:
+            raise ValueError("a segment has no ledgers")
+        if int(counts.max(initial=0)) > MAX_DECODED_BYTES:  # more than the part can hold
+            raise ValueError("a segment has too many ledgers")
+        total = int(counts.sum())  # below 2**61: no wrap-around
+        deltas_end = prefix.varints_end(counts_end, total, "ledger deltas")
+        deltas, _ = _impl.read_varints(bytes(prefix.data[counts_end:deltas_end]), 0, total)
+        offsets, ledgers = ledger_columns(counts, deltas.view(np.uint64), start, end)
+        return offsets, ledgers, deferred_bitmaps(part, zstd, name, deltas_end)(total)
 
-        return _named(decode, name, "ledger columns")
-
-    def whole(count: int, at: int) -> BitmapBlock:
-        return _named(lambda: whole_block(part, zstd, count, at), name, "bitmaps")
-
-    def head(count: int, at: int, n: int) -> BitmapBlock:
-        return _named(lambda: head_block(part, zstd, count, n, at), name, "bitmaps")
-
-    return LazyPositions(columns, whole, head, len(part))
+    return LazyPositions(lambda: _named(decode, name, "ledger columns"), len(part))
 
 
 def _named(decode: Callable[[], _T], name: str, what: str) -> _T:

@@ -184,27 +184,21 @@ class LazyPositions:
     """Format 5's positions part, decoded on first use: a bucket's ledger columns and then its
     bitmaps, both kept out of the columns an open reads.
 
-    ``columns()`` decodes the ledger columns (from the part's leading bytes) once and keeps
-    them; the bitmaps behave as a :class:`DeferredBlock` built from them (``get`` whole,
-    ``head(n)`` the first ``n``). ``columns`` returns ``(ledger_offsets, ledgers, at)``, ``at``
-    being where the bitmap sizes begin in the decoded part; ``whole(count, at)`` and
-    ``head(count, at, n)`` decode the bitmaps. Every decode raises the codec's
+    ``load`` decodes the ledger columns (from the part's leading bytes) and returns them with
+    the bitmaps as a :class:`DeferredBlock` (``get`` whole, ``head(n)`` the first ``n``); it
+    runs once, and then only the block holds the part. It raises the codec's
     :class:`~delayindex.errors.SnapshotCorruptError` on damage. Two threads may both decode
-    the columns: the result is the same, and either is kept.
+    the columns: the result is the same, and the first kept is kept.
     """
 
-    __slots__ = ("_block", "_columns", "_head", "_load_columns", "_whole", "packed_bytes")
+    __slots__ = ("_block", "_columns", "_load", "packed_bytes")
 
     def __init__(
         self,
-        columns: Callable[[], tuple[Int64Array, Int64Array, int]],
-        whole: Callable[[int, int], BitmapBlock],
-        head: Callable[[int, int, int], BitmapBlock],
+        load: Callable[[], tuple[Int64Array, Int64Array, DeferredBlock]],
         packed_bytes: int,
     ) -> None:
-        self._load_columns: Callable[[], tuple[Int64Array, Int64Array, int]] | None = columns
-        self._whole: Callable[[int, int], BitmapBlock] | None = whole
-        self._head: Callable[[int, int, int], BitmapBlock] | None = head
+        self._load: Callable[[], tuple[Int64Array, Int64Array, DeferredBlock]] | None = load
         self._columns: tuple[Int64Array, Int64Array] | None = None
         self._block: DeferredBlock | None = None
         #: Bytes the compressed part holds (what the positions cost until they are read).
@@ -212,31 +206,22 @@ class LazyPositions:
 
     def columns(self) -> tuple[Int64Array, Int64Array]:
         """``(ledger_offsets, ledgers)``: read-only, decoded on the first call."""
-        if self._columns is None:
-            self._bitmaps()
+        self._bitmaps()
         assert self._columns is not None
         return self._columns
 
     def _bitmaps(self) -> DeferredBlock:
         block = self._block
         if block is None:
-            load, whole, head = self._load_columns, self._whole, self._head
-            if load is None or whole is None or head is None:  # decoded by another thread
-                block = self._block
-                assert block is not None
-                return block
-            offsets, ledgers, at = load()
-            if self._block is not None:  # another thread decoded them meanwhile: keep its
-                return self._block
-            count = len(ledgers)
-            block = DeferredBlock(
-                lambda: whole(count, at), count, self.packed_bytes,
-                lambda n: head(count, at, n),
-            )  # fmt: skip
-            self._columns = (frozen_int64(offsets), frozen_int64(ledgers))
-            self._block = block  # before the loaders go: a reader that misses them finds it
-            # The part is now held only by the block's loaders, which it drops once decoded.
-            self._load_columns = self._whole = self._head = None
+            load = self._load  # read once: a decode in another thread clears it
+            if load is not None:
+                offsets, ledgers, decoded = load()
+                if self._block is None:  # else another thread's decode is kept
+                    self._columns = (frozen_int64(offsets), frozen_int64(ledgers))
+                    self._block = decoded  # after the columns: a reader that sees it finds them
+                    self._load = None  # the part is now held only by the block's loaders
+            block = self._block
+            assert block is not None
         return block
 
     @property

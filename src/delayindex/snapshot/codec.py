@@ -190,19 +190,21 @@ def _positions_part(metadata: SnapshotMetadata) -> bytes:
     bitmaps = _bitmaps_part(metadata.block)
     if metadata.format_version < LEDGERS_APART_FORMAT_VERSION:
         return bitmaps
-    ledger_counts = pack_varints(np.diff(metadata.ledger_offsets))
-    return ledger_counts + pack_varints(_ledger_deltas(metadata)) + bitmaps
+    counts, deltas = _stored_ledgers(metadata)
+    return pack_varints(counts) + pack_varints(deltas) + bitmaps
 
 
-def _ledger_deltas(metadata: SnapshotMetadata) -> Int64Array:
-    """Per segment: its first ledger's offset from start_ledger, then deltas within it."""
+def _stored_ledgers(metadata: SnapshotMetadata) -> tuple[Int64Array, Int64Array]:
+    """The ledger columns as every format stores them (the inverse of
+    :func:`~delayindex.snapshot._parts.ledger_columns`): each segment's ledger count, and per
+    segment its first ledger's offset from start_ledger, then deltas within it."""
     offsets = metadata.ledger_offsets
     ledgers = metadata.ledgers
     deltas = np.diff(ledgers, prepend=np.int64(metadata.start_ledger))
     if len(ledgers):
         firsts = offsets[:-1]
         deltas[firsts] = ledgers[firsts] - metadata.start_ledger
-    return deltas
+    return np.diff(offsets), deltas
 
 
 def _metadata_entry(columns: bytes, bitmaps: bytes | None) -> bytes:
@@ -241,8 +243,9 @@ def _metadata_message(
             "folded_cancels": metadata.folded_cancels,
         }
     if metadata.format_version < LEDGERS_APART_FORMAT_VERSION:  # the ledgers are columns here
-        bitmap_fields["ledger_counts"] = np.diff(metadata.ledger_offsets).tolist()
-        bitmap_fields["ledger_deltas"] = _ledger_deltas(metadata).tolist()
+        counts, deltas = _stored_ledgers(metadata)
+        bitmap_fields["ledger_counts"] = counts.tolist()
+        bitmap_fields["ledger_deltas"] = deltas.tolist()
     return snapshot_pb2.SnapshotMetadata(
         format_version=metadata.format_version if format_version is None else format_version,
         start_ledger=metadata.start_ledger,

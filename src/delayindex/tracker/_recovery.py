@@ -97,9 +97,9 @@ class RecoveryMixin:
         now = self._now()
         core = self._core
         cutoff = core.cutoff_for(now)
-        loaded: list[tuple[BucketRecord, SnapshotMetadata, int]] = []
+        # (record, metadata, first live segment, whether its positions wait for a call)
+        loaded: list[tuple[BucketRecord, SnapshotMetadata, int, bool]] = []
         mark = self._catalog.manifest.mark_delete
-        lazy_ids: set[str] = set()  # buckets whose positions wait for a call that needs them
         damaged: list[tuple[QuarantineRecord, Any]] = []
         drop: list[str] = [r.snapshot_id for r in overlapping]
         unfolded: list[tuple[Any, Any]] = []
@@ -116,9 +116,10 @@ class RecoveryMixin:
                         unfolded.append(metadata.folded_positions())
                     continue
                 first = found
-                if not record.folded_cancels and (mark is None or record.start_ledger > mark[0]):
-                    lazy_ids.add(sid_name)
-                else:
+                deferred = not record.folded_cancels and (
+                    mark is None or record.start_ledger > mark[0]
+                )
+                if not deferred:
                     _restore_live(core, metadata, first, sid_name)
             except (SnapshotNotFoundError, SnapshotCorruptError) as exc:
                 # Damage stays local: this bucket is quarantined (its positions unknown: its
@@ -141,7 +142,7 @@ class RecoveryMixin:
                     f"[{record.start_ledger}, {record.end_ledger}]) failed: {exc}; nothing was "
                     "changed, open again once the storage answers"
                 ) from exc
-            loaded.append((record, metadata, first))
+            loaded.append((record, metadata, first, deferred))
         if damaged:
             try:
                 self._catalog.quarantine_buckets([q for q, _ in damaged])
@@ -159,11 +160,11 @@ class RecoveryMixin:
             if q.active and q.snapshot_id not in new_ids
         )
         lazy: list[LazyBucket] = []
-        for record, metadata, first in loaded:
+        for record, metadata, first, deferred in loaded:
             bucket = self._new_bucket(record.start_ledger, record.end_ledger, 0)
             self._make_durable(bucket, record, metadata)
             core.add_range(bucket.start, bucket.end)
-            if record.snapshot_id in lazy_ids:
+            if deferred:
                 count = int(metadata.counts[first - 1 :].sum())
                 lazy.append(LazyBucket(bucket, metadata, first, count))
             # Its first live segment is a placeholder, read when due (or ahead of that, by the
