@@ -1,27 +1,42 @@
-"""Membership restored on first use after an open (issue 18, item 3).
+"""Membership restored per bucket, on first use, after an open (issue 18, item 3).
 
 How it works. Recovery used to restore every recovered bucket's positions into the core's dedup
 index at open: per-message work, about 6 ns each. Now a bucket whose positions nothing at open
 depends on is *lazy*: its first live segment is a placeholder (read when due, as for every
 bucket), and its positions wait in ``_lazy``, undecoded (format 5 keeps them, ledger columns
-included, in a part of their own). Until they are restored the tracker's core is a
-:class:`LazyCore`. It answers ``len`` exactly (the core's count plus the lazy buckets' live
-counts) and a few questions that do not depend on membership; any other attribute first
-restores every lazy bucket, then puts the real core back in place (the tracker's and its
-front's), so later calls pay nothing. Every path to the core goes through the tracker's
-``_core`` or its front's ``core``, so no call can see a partial membership.
+included, in a part of their own). Until they are all restored the tracker's core is a
+:class:`LazyCore`, which routes each call by what it names:
 
-Invariants: a lazy bucket is durable, not folded, and has a source (its segment ``first``, or
-a placeholder for it); ``_lazy_count`` is the sum of the lazy buckets'
-live counts; no position of a lazy bucket is in the core. A bucket whose bitmaps turn out
-damaged when restored is quarantined then, its positions unknown, as it would have been at
-open.
+- a call that names positions (a ledger, a ledger range, columns of ledgers) restores the lazy
+  buckets whose ranges it touches, then goes to the core: a first ``contains`` pays for one
+  bucket, not for the index;
+- a call that names a segment source (a segment read, a cut, a removal) restores its bucket;
+- a call that needs no membership (the heaps, the clock rule, the sealed ranges, the override
+  sets) goes straight to the core: a lazy bucket's source is a placeholder, so nothing of it
+  can be delivered;
+- any other call restores every lazy bucket first.
+
+The first restore a call pays for also queues a background job (unless the executor is
+synchronous, or a close has begun) that restores the rest, one bucket per lock hold, so the
+native front gets its typed core back soon. When no lazy bucket is left the real core is put
+back in place (the tracker's and its front's), and later calls pay nothing. Every path to the
+core goes through the tracker's ``_core`` or its front's ``core``, so no call can see a
+partial membership.
+
+Invariants: a lazy bucket is durable, live in the tracker, not folded, and has a source (its
+segment ``first``, or a placeholder for it); ``_lazy`` maps its sid to it, and ``_lazy_spans``
+lists the lazy buckets' ``(start, end, sid)`` sorted by start (the ranges are disjoint);
+``_lazy_count`` is the sum of their live counts; no position of a lazy bucket is in the core.
+A bucket whose bitmaps turn out damaged when restored is quarantined then, its positions
+unknown, as it would have been at open.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +46,9 @@ import numpy.typing as npt
 from delayindex.errors import SnapshotCorruptError
 from delayindex.snapshot.format import SnapshotMetadata
 from delayindex.tracker._bucket import _Bucket
+
+_LOWEST = -(2**63)
+_HIGHEST = 2**63 - 1
 
 
 @dataclass
@@ -43,12 +61,72 @@ class LazyBucket:
     count: int  # how many: the live segments' counts
 
 
+# What each routed call names, from its arguments: an inclusive ledger span, or the ledgers
+# themselves (a column), or None when it cannot tell (then every lazy bucket is restored).
+Touched = tuple[int, int] | npt.NDArray[np.int64] | None
+Span = Callable[[tuple[Any, ...]], Touched]
+
+
+def _at_ledger(args: tuple[Any, ...]) -> tuple[int, int]:
+    return args[0], args[0]
+
+
+def _ledger_range(args: tuple[Any, ...]) -> tuple[int, int]:
+    return args[0], args[1]
+
+
+def _up_to_ledger(args: tuple[Any, ...]) -> tuple[int, int]:
+    return _LOWEST, args[0]
+
+
+def _ledger_column(args: tuple[Any, ...]) -> npt.NDArray[np.int64] | None:
+    """A column of ledgers as int64; None (restore all) when it is not one of ints in range,
+    so the core's own check raises the caller's error."""
+    column = np.asarray(args[0])
+    if column.ndim != 1 or column.dtype.kind not in "iu" or column.dtype == np.uint64:
+        return None
+    return column.astype(np.int64, copy=False)
+
+
+def _routed(name: str, span: Span) -> Callable[..., Any]:
+    def call(self: LazyCore, *args: Any) -> Any:
+        self._owner._restore_ledgers(span(args))
+        return getattr(self.core, name)(*args)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"``core.{name}`` once the lazy buckets it touches are restored."
+    return call
+
+
+def _by_source(name: str) -> Callable[..., Any]:
+    def call(self: LazyCore, sid: int, *args: Any) -> Any:
+        self._owner._restore_source(sid)
+        return getattr(self.core, name)(sid, *args)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"``core.{name}`` once source ``sid``'s bucket is restored, if lazy."
+    return call
+
+
+def _passed(name: str) -> Callable[..., Any]:
+    def call(self: LazyCore, *args: Any) -> Any:
+        return getattr(self.core, name)(*args)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"``core.{name}``: it needs no membership."
+    return call
+
+
+def _spans(lazy: dict[int, LazyBucket]) -> list[tuple[int, int, int]]:
+    return sorted((item.bucket.start, item.bucket.end, sid) for sid, item in lazy.items())
+
+
 class LazyCore:
     """Stands in for the core while recovered buckets' positions are lazy.
 
-    ``len`` and the membership-free questions below answer at once; any other attribute
-    restores the lazy buckets first (``owner._finish_lazy``) and then comes from the
-    core itself.
+    ``len`` and the membership-free calls answer at once; a call that names positions or a
+    source restores the lazy buckets it touches; any other attribute restores them all
+    (``owner._finish_lazy``) and then comes from the core itself.
     """
 
     __slots__ = ("_owner", "core")
@@ -66,8 +144,62 @@ class LazyCore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._owner._finish_lazy(), name)
 
-    # Membership-free: the clock rule, the sealed ranges, the sources, the heaps' sizes and the
-    # memory held (not ``counters``: it counts the tracked positions).
+    # Calls that name positions.
+    contains = _routed("contains", _at_ledger)
+    add = _routed("add", _at_ledger)
+    cancel = _routed("cancel", _at_ledger)
+    reschedule = _routed("reschedule", _at_ledger)
+    index_bitmap = _routed("index_bitmap", _at_ledger)
+    needs_restore = _routed("needs_restore", _at_ledger)
+    untrack_upto = _routed("untrack_upto", _up_to_ledger)
+    count_upto = _routed("count_upto", _up_to_ledger)
+    add_range = _routed("add_range", _ledger_range)
+    remove_range = _routed("remove_range", _at_ledger)  # a range named by its start
+    tracked_in_range = _routed("tracked_in_range", _ledger_range)
+    untrack_ledgers = _routed("untrack_ledgers", _ledger_range)
+    add_many = _routed("add_many", _ledger_column)
+    cancel_many = _routed("cancel_many", _ledger_column)
+    tracked_mask = _routed("tracked_mask", _ledger_column)
+    authoritative_mask = _routed("authoritative_mask", _ledger_column)
+
+    # Calls that name a source.
+    set_source = _by_source("set_source")
+    cut_source = _by_source("cut_source")
+    remove_source = _by_source("remove_source")
+
+    # Membership-free: the heaps (a lazy bucket's source is a placeholder), the clock rule,
+    # the sealed ranges, the sources, the heaps' sizes and the memory held (not ``counters``:
+    # it counts the tracked positions).
+    poll = _passed("poll")
+    next_time = _passed("next_time")
+    has_due = _passed("has_due")
+    take_exhausted = _passed("take_exhausted")
+    seal = _passed("seal")
+    tracked_mask_order = _passed("tracked_mask_order")
+    source_head = _passed("source_head")
+    source_remaining = _passed("source_remaining")
+    # The override sets (cancels, moves, evicted ranges) are kept apart from membership.
+    evict_cancels = _passed("evict_cancels")
+    evict_range = _passed("evict_range")
+    evicted_ranges = _passed("evicted_ranges")
+    evicted_mask = _passed("evicted_mask")
+    restore_evicted = _passed("restore_evicted")
+    override_of = _passed("override_of")
+    override_record = _passed("override_record")
+
+    @property
+    def override_gen(self) -> int:
+        return int(self.core.override_gen)
+
+    @property
+    def load_needed(self) -> int:
+        return int(self.core.load_needed)
+
+    @property
+    def mutable_range(self) -> tuple[int, int]:
+        low, high = self.core.mutable_range
+        return int(low), int(high)
+
     @property
     def tick_ms(self) -> int:
         return int(self.core.tick_ms)
@@ -107,21 +239,31 @@ class LazyRestoreMixin:
     # State (set in DelayIndex.__init__).
     _core: Any
     _front: Any
-    _lazy: list[LazyBucket]
+    _buckets: dict[int, _Bucket]
+    _lazy: dict[int, LazyBucket]
+    _lazy_spans: list[tuple[int, int, int]]
     _lazy_count: int
     _lazy_lock: threading.RLock
+    _restore_job_queued: bool
+    _restore_in_background: bool
+    _lock: Any
 
     # Provided by DelayIndex and its other mixins.
     _quarantine: Callable[..., None]
+    _queue: Callable[[Callable[[], None]], None]
 
     def _defer_restores(self, core: Any, lazy: list[LazyBucket]) -> None:
         """Put the core behind a :class:`LazyCore` until ``lazy`` are restored
         (recovery, before anything else can reach the core)."""
         if not lazy:
             return
-        self._lazy = lazy
+        self._lazy = {item.bucket.sid: item for item in lazy}
         self._lazy_count = sum(d.count for d in lazy)
+        self._index_lazy()
         self._core = self._front.core = LazyCore(self, core)
+
+    def _index_lazy(self) -> None:
+        self._lazy_spans = _spans(self._lazy)
 
     def _restore_lazy_in(
         self, core: Any, lazy: list[LazyBucket], ledgers: npt.NDArray[np.int64]
@@ -139,24 +281,87 @@ class LazyRestoreMixin:
         self._quarantine_unrestored(self._restore_all(core, needed))
         return keep
 
+    def _restore_ledgers(self, touched: Touched) -> None:
+        """Restore the lazy buckets that hold any of the ``touched`` ledgers (an inclusive
+        span or a column; None: all of them). Callers hold the tracker's lock."""
+        with self._lazy_lock:
+            if not self._lazy:
+                return
+            spans = self._lazy_spans
+            if touched is None:
+                self._finish_lazy()
+                return
+            if isinstance(touched, tuple):
+                low, high = touched
+                # The ranges are disjoint and sorted, so their ends are sorted too.
+                stop = bisect.bisect_right(spans, (high, _HIGHEST, _HIGHEST))
+                start = bisect.bisect_left(spans, low, hi=stop, key=lambda s: s[1])
+                hit = range(start, stop)
+            else:
+                starts = np.fromiter((s[0] for s in spans), np.int64, len(spans))
+                ends = np.fromiter((s[1] for s in spans), np.int64, len(spans))
+                ledgers = np.unique(touched)
+                at = np.searchsorted(starts, ledgers, side="right") - 1
+                inside = (at >= 0) & (ledgers <= ends[np.maximum(at, 0)])
+                hit = np.unique(at[inside]).tolist()
+            if len(hit):
+                self._restore_now([self._lazy[spans[i][2]] for i in hit])
+
+    def _restore_source(self, sid: int) -> None:
+        """Restore source ``sid``'s bucket if it is lazy (callers hold the tracker's lock)."""
+        with self._lazy_lock:
+            item = self._lazy.get(sid)
+            if item is not None:
+                self._restore_now([item])
+
+    def _restore_now(self, items: Iterable[LazyBucket]) -> None:
+        """Restore lazy ``items`` now; queue the background restore of the rest. A bucket
+        leaves the lazy set once its positions are in the core, or found damaged (then
+        quarantined): an unexpected error leaves the others lazy and the count exact."""
+        with self._lazy_lock:
+            core = self._core.core if isinstance(self._core, LazyCore) else self._core
+            damaged: list[tuple[LazyBucket, SnapshotCorruptError]] = []
+            try:
+                for item in list(items):
+                    damaged += self._restore_all(core, [item])
+                    del self._lazy[item.bucket.sid]
+                    self._lazy_count -= item.count
+            finally:
+                self._index_lazy()
+                if not self._lazy:
+                    self._unwrap_lazy()
+                elif self._restore_in_background and not self._restore_job_queued:
+                    self._restore_job_queued = True
+                    self._queue(self._restore_job)
+                self._quarantine_unrestored(damaged)
+
+    def _restore_job(self) -> None:
+        """Background job: restore one lazy bucket (the lowest) per lock hold, then queue
+        itself again while any is left, unless a close stopped it (the lazy buckets' snapshots
+        keep their positions: nothing is lost)."""
+        with self._lock, self._lazy_lock:
+            if not self._restore_in_background or not self._lazy:
+                self._restore_job_queued = False
+                return
+            self._restore_now([self._lazy[self._lazy_spans[0][2]]])
+            if self._lazy:
+                self._queue(self._restore_job)
+            else:
+                self._restore_job_queued = False
+
     def _finish_lazy(self) -> Any:
         """Restore every lazy bucket and put the real core back; returns it. Idempotent
         and safe from any thread: callers hold the tracker's lock or are its only user."""
         with self._lazy_lock:
-            core = self._core
-            if not isinstance(core, LazyCore):
-                return core
-            damaged = self._restore_all(core.core, self._lazy)
-            self._lazy, self._lazy_count = [], 0
-            core = self._unwrap_lazy()
-            self._quarantine_unrestored(damaged)  # on the real core: it calls into it
-            return core
+            if self._lazy:
+                self._restore_now(list(self._lazy.values()))
+            return self._unwrap_lazy()
 
     def _drop_lazy(self) -> Any:
         """Forget the lazy buckets' positions without restoring them (close, clear: the
         snapshots keep them); returns the real core."""
         with self._lazy_lock:
-            self._lazy, self._lazy_count = [], 0
+            self._lazy, self._lazy_spans, self._lazy_count = {}, [], 0
             return self._unwrap_lazy()
 
     def _unwrap_lazy(self) -> Any:
@@ -191,13 +396,27 @@ class LazyRestoreMixin:
         for item, exc in damaged:
             self._quarantine(item.bucket, exc, item.first, positions_known=False)
 
+    def _restore_if_lazy(self, bucket: _Bucket) -> None:
+        """Restore ``bucket`` now if it is lazy (a quarantine keeps a bucket's positions
+        tracked, so they must be in the core first)."""
+        self._restore_source(bucket.sid)
+
     def _check_lazy(self) -> None:
         """Assert the lazy buckets' invariants (see the module doc)."""
         core = self._core.core if isinstance(self._core, LazyCore) else self._core
-        if sum(d.count for d in self._lazy) != self._lazy_count:
+        if isinstance(self._core, LazyCore) != bool(self._lazy):
+            raise AssertionError("the core is wrapped iff some bucket is lazy")
+        if sum(d.count for d in self._lazy.values()) != self._lazy_count:
             raise AssertionError("the lazy count differs from the lazy buckets'")
-        for item in self._lazy:
+        spans = _spans(self._lazy)
+        if spans != self._lazy_spans:
+            raise AssertionError("the lazy spans differ from the lazy buckets'")
+        if any(a[1] >= b[0] for a, b in itertools.pairwise(spans)):
+            raise AssertionError("lazy buckets overlap")
+        for sid, item in self._lazy.items():
             b = item.bucket
+            if self._buckets.get(sid) is not b or b.sid != sid:
+                raise AssertionError(f"lazy bucket [{b.start}, {b.end}] is not live")
             if b.state != "durable" or b.folded or not core.has_source(b.sid):
                 raise AssertionError(f"lazy bucket [{b.start}, {b.end}] is not durable")
             if b.current not in (item.first - 1, item.first) or item.count < 1:

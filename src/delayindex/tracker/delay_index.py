@@ -198,8 +198,12 @@ class DelayIndex(
         self._unresolved_merge: tuple[list[_Bucket], int, SnapshotMetadata] | None = None
         self._group = {"batches": 0, "creates": 0, "deletes": 0, "manifest_writes": 0}
         self._mark: tuple[int, int] | None = None
-        self._lazy: list[LazyBucket] = []  # recovered, positions not restored yet
+        self._lazy: dict[int, LazyBucket] = {}  # recovered, positions not restored yet
+        self._lazy_spans: list[tuple[int, int, int]] = []  # their (start, end, sid), sorted
         self._lazy_count = 0
+        self._restore_job_queued = False
+        # A synchronous executor would run the job inside the call that queued it.
+        self._restore_in_background = not self._synchronous
         self._lazy_lock = threading.RLock()
         self._overrides_dirty = False  # cancels or reschedules not yet handed to the catalog
         self._overrides_used = False  # some were made (a mark may forget some: note again)
@@ -565,7 +569,8 @@ class DelayIndex(
         return self._mark
 
     def flush(self) -> None:
-        """Block until every snapshot create, merge and delete started so far has finished.
+        """Block until every snapshot create, merge and delete started so far has finished
+        (and a background restore of recovered positions, if one is under way).
 
         A group commit waiting for more changes is written at once. Changes that failed and
         wait for their retry backoff are not retried by ``flush`` (see :meth:`stats`).
@@ -639,6 +644,8 @@ class DelayIndex(
         """
         if self._closed:
             return
+        with self._lock:
+            self._restore_in_background = False  # flush need not restore what close drops
         self.flush()
         with self._lock:
             if self._closed:
