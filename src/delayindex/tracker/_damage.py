@@ -150,7 +150,7 @@ class QuarantineMixin:
     _check_open: Callable[[], None]
     _queue: Callable[[Callable[[], None]], None]
     _submit_queued: Callable[[], None]
-    _restore_if_lazy: Callable[[Any], None]
+    _restore_source: Callable[[int], None]
     _new_bucket: Callable[[int, int, int], Any]
     _drop_bucket: Callable[..., None]
     _make_durable: Callable[[Any, Any, SnapshotMetadata], None]
@@ -195,7 +195,7 @@ class QuarantineMixin:
 
         Its positions stay tracked: restored from its metadata at open, unless the damage was
         found when they were to be restored (``positions_known=False``, a deferred restore)."""
-        self._restore_if_lazy(bucket)  # its positions stay tracked: they must be in the core
+        self._restore_source(bucket.sid)  # if lazy: its positions stay tracked, in the core
         if bucket.state in ("quarantined", "released"):
             return
         self._core.remove_source(bucket.sid)  # out of the merge; its positions stay tracked

@@ -117,6 +117,10 @@ def _passed(name: str) -> Callable[..., Any]:
     return call
 
 
+def _read(name: str) -> property:
+    return property(lambda self: getattr(self.core, name), doc=f"``core.{name}``.")
+
+
 def _spans(lazy: dict[int, LazyBucket]) -> list[tuple[int, int, int]]:
     return sorted((item.bucket.start, item.bucket.end, sid) for sid, item in lazy.items())
 
@@ -169,7 +173,7 @@ class LazyCore:
 
     # Membership-free: the heaps (a lazy bucket's source is a placeholder), the clock rule,
     # the sealed ranges, the sources, the heaps' sizes and the memory held (not ``counters``:
-    # it counts the tracked positions).
+    # it counts the tracked positions), and below, the override sets.
     poll = _passed("poll")
     next_time = _passed("next_time")
     has_due = _passed("has_due")
@@ -178,7 +182,7 @@ class LazyCore:
     tracked_mask_order = _passed("tracked_mask_order")
     source_head = _passed("source_head")
     source_remaining = _passed("source_remaining")
-    # The override sets (cancels, moves, evicted ranges) are kept apart from membership.
+    # (The override sets, cancels, moves and evicted ranges, are kept apart from membership.)
     evict_cancels = _passed("evict_cancels")
     evict_range = _passed("evict_range")
     evicted_ranges = _passed("evicted_ranges")
@@ -187,18 +191,15 @@ class LazyCore:
     override_of = _passed("override_of")
     override_record = _passed("override_record")
 
-    @property
-    def override_gen(self) -> int:
-        return int(self.core.override_gen)
-
-    @property
-    def load_needed(self) -> int:
-        return int(self.core.load_needed)
-
-    @property
-    def mutable_range(self) -> tuple[int, int]:
-        low, high = self.core.mutable_range
-        return int(low), int(high)
+    cutoff_for = _passed("cutoff_for")
+    in_sealed_range = _passed("in_sealed_range")
+    has_source = _passed("has_source")
+    memory_bytes = _passed("memory_bytes")
+    override_gen = _read("override_gen")
+    load_needed = _read("load_needed")
+    mutable_range = _read("mutable_range")
+    mutable_size = _read("mutable_size")
+    direct_size = _read("direct_size")
 
     @property
     def tick_ms(self) -> int:
@@ -207,26 +208,6 @@ class LazyCore:
     @tick_ms.setter
     def tick_ms(self, value: int) -> None:
         self.core.tick_ms = value
-
-    @property
-    def mutable_size(self) -> int:
-        return int(self.core.mutable_size)
-
-    @property
-    def direct_size(self) -> int:
-        return int(self.core.direct_size)
-
-    def cutoff_for(self, now: int) -> int:
-        return int(self.core.cutoff_for(now))
-
-    def in_sealed_range(self, ledger: int) -> bool:
-        return bool(self.core.in_sealed_range(ledger))
-
-    def has_source(self, sid: int) -> bool:
-        return bool(self.core.has_source(sid))
-
-    def memory_bytes(self) -> int:
-        return int(self.core.memory_bytes())
 
     def _check(self) -> None:
         self.core._check()
@@ -278,7 +259,8 @@ class LazyRestoreMixin:
             b = item.bucket
             held = np.searchsorted(ledgers, b.end, side="right") > np.searchsorted(ledgers, b.start)
             (needed if held else keep).append(item)
-        self._quarantine_unrestored(self._restore_all(core, needed))
+        restored = [(item, _restore_one(core, item)) for item in needed]
+        self._quarantine_unrestored([(item, exc) for item, exc in restored if exc is not None])
         return keep
 
     def _restore_ledgers(self, touched: Touched) -> None:
@@ -323,7 +305,9 @@ class LazyRestoreMixin:
             damaged: list[tuple[LazyBucket, SnapshotCorruptError]] = []
             try:
                 for item in list(items):
-                    damaged += self._restore_all(core, [item])
+                    exc = _restore_one(core, item)
+                    if exc is not None:
+                        damaged.append((item, exc))
                     del self._lazy[item.bucket.sid]
                     self._lazy_count -= item.count
             finally:
@@ -340,14 +324,10 @@ class LazyRestoreMixin:
         itself again while any is left, unless a close stopped it (the lazy buckets' snapshots
         keep their positions: nothing is lost)."""
         with self._lock, self._lazy_lock:
-            if not self._restore_in_background or not self._lazy:
-                self._restore_job_queued = False
-                return
-            self._restore_now([self._lazy[self._lazy_spans[0][2]]])
-            if self._lazy:
-                self._queue(self._restore_job)
-            else:
-                self._restore_job_queued = False
+            self._restore_job_queued = False
+            if self._restore_in_background and self._lazy:
+                # Queues this job again while any bucket is left.
+                self._restore_now([self._lazy[self._lazy_spans[0][2]]])
 
     def _finish_lazy(self) -> Any:
         """Restore every lazy bucket and put the real core back; returns it. Idempotent
@@ -371,23 +351,6 @@ class LazyRestoreMixin:
             self._core = self._front.core = core
         return core
 
-    @staticmethod
-    def _restore_all(
-        core: Any, items: list[LazyBucket]
-    ) -> list[tuple[LazyBucket, SnapshotCorruptError]]:
-        """Restore ``items``' positions into ``core``; returns those whose bitmaps turned out
-        damaged (the core holds none of their positions), with why."""
-        from delayindex.tracker._recovery import _restore_live  # it imports this module
-
-        damaged = []
-        for item in items:
-            assert item.bucket.snapshot_id is not None
-            try:
-                _restore_live(core, item.metadata, item.first, item.bucket.snapshot_id)
-            except SnapshotCorruptError as exc:
-                damaged.append((item, exc))
-        return damaged
-
     def _quarantine_unrestored(
         self, damaged: list[tuple[LazyBucket, SnapshotCorruptError]]
     ) -> None:
@@ -395,11 +358,6 @@ class LazyRestoreMixin:
         positions unknown."""
         for item, exc in damaged:
             self._quarantine(item.bucket, exc, item.first, positions_known=False)
-
-    def _restore_if_lazy(self, bucket: _Bucket) -> None:
-        """Restore ``bucket`` now if it is lazy (a quarantine keeps a bucket's positions
-        tracked, so they must be in the core first)."""
-        self._restore_source(bucket.sid)
 
     def _check_lazy(self) -> None:
         """Assert the lazy buckets' invariants (see the module doc)."""
@@ -421,3 +379,16 @@ class LazyRestoreMixin:
                 raise AssertionError(f"lazy bucket [{b.start}, {b.end}] is not durable")
             if b.current not in (item.first - 1, item.first) or item.count < 1:
                 raise AssertionError(f"lazy bucket [{b.start}, {b.end}] has moved on")
+
+
+def _restore_one(core: Any, item: LazyBucket) -> SnapshotCorruptError | None:
+    """Restore ``item``'s positions into ``core``; the error if its bitmaps turned out
+    damaged (the core then holds none of its positions)."""
+    from delayindex.tracker._recovery import _restore_live  # it imports this module
+
+    assert item.bucket.snapshot_id is not None
+    try:
+        _restore_live(core, item.metadata, item.first, item.bucket.snapshot_id)
+    except SnapshotCorruptError as exc:
+        return exc
+    return None
