@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 import delayindex.tracker._recovery as recovery_module
 from delayindex import DelayIndex, ManualClock, MemoryStorage, Position, TrackerConfig
 from delayindex.errors import SnapshotCorruptError
-from delayindex.executors import InlineExecutor
+from delayindex.executors import InlineExecutor, ManualExecutor
 from delayindex.snapshot import codec
 from delayindex.snapshot.blocks import DeferredBlock, LazyPositions
 from delayindex.snapshot.format import SnapshotMetadata
@@ -45,8 +46,13 @@ def _config() -> TrackerConfig:
     )
 
 
-def _open(storage: MemoryStorage, clock: ManualClock) -> DelayIndex:
-    return DelayIndex.open(storage, NAME, _config(), clock=clock, executor=InlineExecutor())
+def _open(
+    storage: MemoryStorage, clock: ManualClock, executor: Executor | None = None
+) -> DelayIndex:
+    """Open with ``executor``, by default an InlineExecutor: its jobs (the background restore
+    among them) run on the caller's thread after each call that submits them."""
+    executor = InlineExecutor() if executor is None else executor
+    return DelayIndex.open(storage, NAME, _config(), clock=clock, executor=executor)
 
 
 def _built() -> tuple[MemoryStorage, Schedule]:
@@ -241,7 +247,8 @@ def test_bitmaps_damaged_when_restored_quarantine_their_bucket_then(
 
 def test_len_stays_exact_as_adds_arrive_before_the_restore() -> None:
     storage, _ = _built()
-    index = _open(storage, ManualClock(T0))
+    executor = ManualExecutor()  # the background restore waits for run_pending
+    index = _open(storage, ManualClock(T0), executor)
     assert len(index) == 24
     assert index.add(9, 0, T0 + 90_000)  # above every lazy bucket: nothing restored
     assert len(index) == 25 and len(index._lazy) == 4
@@ -253,6 +260,9 @@ def test_len_stays_exact_as_adds_arrive_before_the_restore() -> None:
     assert tracked.tolist() == [True, True] and len(index) == 26  # (1, 0): already tracked
     # Bucket 1 was restored for the batch (it touches ledger 1), not those between 1 and 9.
     assert [start for start, _, _ in index._lazy_spans] == [2, 3, 4]
+    index._check()
+    executor.run_pending()  # the background restore: on a synchronous executor, all at once
+    assert index._lazy == {} and not isinstance(index._core, LazyCore) and len(index) == 26
     index._check()
     index.close()
 
@@ -390,6 +400,7 @@ _calls = st.one_of(
     st.tuples(st.just("advance"), st.integers(0, 600)),
     st.tuples(st.just("set_mark_delete"), _ledgers, _entries),
     st.tuples(st.just("next_delivery_time")),
+    st.tuples(st.just("run_pending")),
 )
 
 
@@ -397,6 +408,11 @@ def _call(index: DelayIndex, clock: ManualClock, call: tuple[Any, ...]) -> objec
     """Make ``call`` on ``index``; its answer, or the type of the error it raised."""
     name, *args = call
     try:
+        if name == "run_pending":  # the jobs: persists, merges, the background restore
+            executor = index._executor
+            assert isinstance(executor, ManualExecutor)
+            executor.run_pending()
+            return None
         if name == "advance":
             clock.advance(args[0])
             return None
@@ -426,7 +442,7 @@ def test_a_lazy_index_answers_every_call_as_a_restored_one(calls: list[tuple[Any
     pair = []
     for restore_at_open in (False, True):
         clock = ManualClock(T0)
-        index = _open(_copy(storage), clock)
+        index = _open(_copy(storage), clock, ManualExecutor())
         if restore_at_open:
             index._finish_lazy()
         pair.append((index, clock))
@@ -469,7 +485,8 @@ def test_a_seal_and_a_merge_after_an_open_restore_only_the_merged_buckets(
     restores: list[str],
 ) -> None:
     """Seals restore nothing; a merge restores its lazy sources (its filter needs their
-    positions) and no other bucket; everything is still delivered once."""
+    positions) before any other bucket, which only the background restore then restores
+    (here on the caller's thread: an InlineExecutor); everything is still delivered once."""
     storage, schedule = _built()
     clock = ManualClock(T0)
     config = _config().replace(max_num_buckets=5)
@@ -485,9 +502,11 @@ def test_a_seal_and_a_merge_after_an_open_restore_only_the_merged_buckets(
         (b.start_ledger, b.end_ledger) for b in index.buckets() if b.start_ledger < b.end_ledger
     ]  # the merged bucket
     merged = [ledger for ledger in ids if low <= ledger <= high]
-    assert merged and sorted(restores) == sorted(ids[ledger] for ledger in merged)
     unmerged = sorted(set(ids) - set(merged))
-    assert unmerged and [start for start, _, _ in index._lazy_spans] == unmerged
+    assert merged and unmerged  # then the background restore
+    assert sorted(restores) == sorted(ids.values())
+    assert sorted(restores[: len(merged)]) == sorted(ids[ledger] for ledger in merged)
+    assert index._lazy == {}
     index._check()
     everything = {**schedule, **added, Position(8, 0): T0 + 3_000}
     assert _drain(index, clock, everything) == Counter(list(everything))

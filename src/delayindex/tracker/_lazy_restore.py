@@ -16,12 +16,13 @@ included, in a part of their own). Until they are all restored the tracker's cor
   can be delivered;
 - any other call restores every lazy bucket first.
 
-The first restore a call pays for also queues a background job (unless the executor is
-synchronous, or a close has begun) that restores the rest, one bucket per lock hold, so the
-native front gets its typed core back soon. When no lazy bucket is left the real core is put
-back in place (the tracker's and its front's), and later calls pay nothing. Every path to the
-core goes through the tracker's ``_core`` or its front's ``core``, so no call can see a
-partial membership.
+The first restore a call pays for also queues a background job (unless a close has begun)
+that restores the rest, one bucket per lock hold, so the native front gets its typed core back
+soon: until then each call pays a Python-level dispatch. A synchronous executor runs the job
+on the caller's thread after the call, so there it restores the rest at once. When no lazy
+bucket is left the real core is put back in place (the tracker's and its front's), and later
+calls pay nothing. Every path to the core goes through the tracker's ``_core`` or its front's
+``core``, so no call can see a partial membership.
 
 Invariants: a lazy bucket is durable, live in the tracker, not folded, and has a source (its
 segment ``first``, or a placeholder for it); ``_lazy`` maps its sid to it, and ``_lazy_spans``
@@ -227,6 +228,7 @@ class LazyRestoreMixin:
     _lazy_lock: threading.RLock
     _restore_job_queued: bool
     _restore_in_background: bool
+    _synchronous: bool
     _lock: Any
 
     # Provided by DelayIndex and its other mixins.
@@ -322,12 +324,15 @@ class LazyRestoreMixin:
     def _restore_job(self) -> None:
         """Background job: restore one lazy bucket (the lowest) per lock hold, then queue
         itself again while any is left, unless a close stopped it (the lazy buckets' snapshots
-        keep their positions: nothing is lost)."""
+        keep their positions: nothing is lost). On a synchronous executor, which runs it on
+        the caller's thread, it restores them all at once (a chain of jobs would nest)."""
         with self._lock, self._lazy_lock:
             self._restore_job_queued = False
             if self._restore_in_background and self._lazy:
-                # Queues this job again while any bucket is left.
-                self._restore_now([self._lazy[self._lazy_spans[0][2]]])
+                if self._synchronous:
+                    self._restore_now(list(self._lazy.values()))
+                else:  # queues this job again while any bucket is left
+                    self._restore_now([self._lazy[self._lazy_spans[0][2]]])
 
     def _finish_lazy(self) -> Any:
         """Restore every lazy bucket and put the real core back; returns it. Idempotent

@@ -202,8 +202,7 @@ class DelayIndex(
         self._lazy_spans: list[tuple[int, int, int]] = []  # their (start, end, sid), sorted
         self._lazy_count = 0
         self._restore_job_queued = False
-        # A synchronous executor would run the job inside the call that queued it.
-        self._restore_in_background = not self._synchronous
+        self._restore_in_background = True  # until a close begins
         self._lazy_lock = threading.RLock()
         self._overrides_dirty = False  # cancels or reschedules not yet handed to the catalog
         self._overrides_used = False  # some were made (a mark may forget some: note again)
