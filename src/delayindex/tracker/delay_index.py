@@ -45,13 +45,14 @@ snapshot creation and deletion), a clock, a timer and a background executor:
   then dead-lettered.
 * **Recovery** (:meth:`DelayIndex.open`): the catalog repairs the manifest's intents (and
   recovers a damaged or missing manifest from its history and the objects' headers); each live
-  bucket's metadata is read, fully due segments are skipped, the bitmaps of the rest restored
-  and its first live segment loaded; the persisted mark is applied. A damaged or missing
-  snapshot quarantines its bucket only (moved to the manifest's quarantine list in one commit
-  before anything is installed); active quarantine records are restored without delivery. A
-  storage error reading a snapshot's metadata raises :class:`~delayindex.errors.RecoveryError`
-  having changed nothing; one reading a first live segment leaves that segment a placeholder,
-  read again when due (the loads' backoff), and the open goes on.
+  bucket's metadata columns are read and fully due segments skipped; the positions of the
+  rest are restored a bucket at a time, on first use and by a background job
+  (``_lazy_restore.py``), and each first live segment is a placeholder, read when due; the
+  persisted mark is applied. A damaged or missing snapshot quarantines its bucket only (moved
+  to the manifest's quarantine list in one commit before anything is installed); active
+  quarantine records are restored without delivery. A storage error reading a snapshot's
+  metadata raises :class:`~delayindex.errors.RecoveryError` having changed nothing; one reading
+  a segment leaves it a placeholder, read again after the loads' backoff.
 
 Threads: one lock guards the core and the bucket table. Background jobs do their I/O without it
 and take it only to install results (in slices where the work is large). Jobs are queued while
@@ -201,8 +202,7 @@ class DelayIndex(
         self._lazy: dict[int, LazyBucket] = {}  # recovered, positions not restored yet
         self._lazy_spans: list[tuple[int, int, int]] = []  # their (start, end, sid), sorted
         self._lazy_count = 0
-        self._restore_job_queued = False
-        self._restore_in_background = True  # until a close begins
+        self._restore_job_queued, self._restore_in_background = False, True  # until a close
         self._lazy_lock = threading.RLock()
         self._overrides_dirty = False  # cancels or reschedules not yet handed to the catalog
         self._overrides_used = False  # some were made (a mark may forget some: note again)
@@ -233,10 +233,10 @@ class DelayIndex(
     ) -> DelayIndex:
         """Open (and recover) the index ``name`` in ``storage``.
 
-        Recovery: the manifest's intents are finished or rolled back; for each live bucket the
-        fully due segments are skipped, the bitmaps of the others restored and the first live
-        segment loaded. Buckets with nothing left to deliver are deleted; a bucket whose
-        snapshot is missing is dropped with a warning in :meth:`stats`.
+        Recovery (the module doc): each live bucket's metadata columns are read, and no
+        segment; positions are restored a bucket at a time, on first use and in the
+        background; ``len`` is exact at once. A missing or damaged snapshot quarantines its
+        bucket only, with a warning in :meth:`stats`.
 
         Args:
             storage: where snapshots and the manifest live (``FileStorage``, ``MemoryStorage``).
