@@ -71,6 +71,17 @@ def _built() -> tuple[MemoryStorage, Schedule]:
     return storage, schedule
 
 
+def _copy(storage: MemoryStorage) -> MemoryStorage:
+    """An independent copy of a closed store: its objects and manifest."""
+    copy = MemoryStorage()
+    for object_id in (o.id for o in storage.list_objects()):
+        copy.put_raw_object(object_id, storage.raw_object(object_id))
+    manifest = storage.raw_manifest(NAME)
+    assert manifest is not None
+    copy.put_raw_manifest(NAME, manifest)
+    return copy
+
+
 def _drain(index: DelayIndex, clock: ManualClock, schedule: Schedule) -> Counter[Position]:
     delivered: Counter[Position] = Counter()
     for at in [*sorted(set(schedule.values())), T0 + 10_000_000]:
@@ -147,14 +158,8 @@ def test_any_first_call_answers_as_after_a_full_restore(name: str) -> None:
     storage, schedule = _built()
     results = []
     for restore_first in (True, False):
-        store = MemoryStorage()
-        for object_id in (o.id for o in storage.list_objects()):
-            store.put_raw_object(object_id, storage.raw_object(object_id))
-        manifest = storage.raw_manifest(NAME)
-        assert manifest is not None
-        store.put_raw_manifest(NAME, manifest)
         clock = ManualClock(T0)
-        index = _open(store, clock)
+        index = _open(_copy(storage), clock)
         assert isinstance(index._core, LazyCore)
         if restore_first:
             index._finish_lazy()
@@ -376,17 +381,6 @@ def test_a_store_of_an_older_format_opens_lazily_and_delivers_exactly_once(
     index.close()
 
 
-def _copy(storage: MemoryStorage) -> MemoryStorage:
-    """An independent copy of a closed store: its objects and manifest."""
-    copy = MemoryStorage()
-    for object_id in (o.id for o in storage.list_objects()):
-        copy.put_raw_object(object_id, storage.raw_object(object_id))
-    manifest = storage.raw_manifest(NAME)
-    assert manifest is not None
-    copy.put_raw_manifest(NAME, manifest)
-    return copy
-
-
 _ledgers = st.integers(0, 7)  # 1-4 are the lazy buckets' ledgers
 _entries = st.integers(0, 8)
 _offsets = st.integers(0, 3_000)
@@ -535,3 +529,21 @@ def test_an_unexpected_restore_error_leaves_the_bucket_lazy_and_len_exact(
     assert index.contains(2, 3) and len(index._lazy) == 3 and index.quarantined() == []
     assert _drain(index, clock, schedule) == Counter(list(schedule))
     index.close()
+
+
+def test_every_routed_name_is_a_call_of_both_cores() -> None:
+    """The routing tables name real members of the core: a typo would route nothing."""
+    from delayindex import _impl
+    from delayindex._pure.bucket import BucketCore as PureBucketCore
+    from delayindex.tracker import _lazy_restore as routing
+
+    names = [
+        *routing._BY_LEDGERS, *routing._BY_SOURCE, *routing._MEMBERSHIP_FREE,
+        *routing._MEMBERSHIP_FREE_ATTRIBUTES,
+    ]  # fmt: skip
+    assert len(names) == len(set(names))
+    for cls in {_impl.BucketCore, PureBucketCore}:
+        core = cls(**_config().bucket_core_settings())
+        missing = [name for name in names if not hasattr(core, name)]
+        assert missing == [], f"{cls.__module__}.{cls.__name__} has no {missing}"
+        assert all(name in vars(LazyCore) for name in names)

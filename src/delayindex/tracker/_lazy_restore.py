@@ -131,7 +131,8 @@ class LazyCore:
 
     ``len`` and the membership-free calls answer at once; a call that names positions or a
     source restores the lazy buckets it touches; any other attribute restores them all
-    (``owner._finish_lazy``) and then comes from the core itself.
+    (``owner._finish_lazy``) and then comes from the core itself. The routed calls are set
+    from the tables below the class.
     """
 
     __slots__ = ("_owner", "core")
@@ -149,59 +150,6 @@ class LazyCore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._owner._finish_lazy(), name)
 
-    # Calls that name positions.
-    contains = _routed("contains", _at_ledger)
-    add = _routed("add", _at_ledger)
-    cancel = _routed("cancel", _at_ledger)
-    reschedule = _routed("reschedule", _at_ledger)
-    index_bitmap = _routed("index_bitmap", _at_ledger)
-    needs_restore = _routed("needs_restore", _at_ledger)
-    untrack_upto = _routed("untrack_upto", _up_to_ledger)
-    count_upto = _routed("count_upto", _up_to_ledger)
-    add_range = _routed("add_range", _ledger_range)
-    remove_range = _routed("remove_range", _at_ledger)  # a range named by its start
-    tracked_in_range = _routed("tracked_in_range", _ledger_range)
-    untrack_ledgers = _routed("untrack_ledgers", _ledger_range)
-    add_many = _routed("add_many", _ledger_column)
-    cancel_many = _routed("cancel_many", _ledger_column)
-    tracked_mask = _routed("tracked_mask", _ledger_column)
-    authoritative_mask = _routed("authoritative_mask", _ledger_column)
-
-    # Calls that name a source.
-    set_source = _by_source("set_source")
-    cut_source = _by_source("cut_source")
-    remove_source = _by_source("remove_source")
-
-    # Membership-free: the heaps (a lazy bucket's source is a placeholder), the clock rule,
-    # the sealed ranges, the sources, the heaps' sizes and the memory held (not ``counters``:
-    # it counts the tracked positions), and below, the override sets.
-    poll = _passed("poll")
-    next_time = _passed("next_time")
-    has_due = _passed("has_due")
-    take_exhausted = _passed("take_exhausted")
-    seal = _passed("seal")
-    tracked_mask_order = _passed("tracked_mask_order")
-    source_head = _passed("source_head")
-    source_remaining = _passed("source_remaining")
-    # (The override sets, cancels, moves and evicted ranges, are kept apart from membership.)
-    evict_cancels = _passed("evict_cancels")
-    evict_range = _passed("evict_range")
-    evicted_ranges = _passed("evicted_ranges")
-    evicted_mask = _passed("evicted_mask")
-    restore_evicted = _passed("restore_evicted")
-    override_of = _passed("override_of")
-    override_record = _passed("override_record")
-
-    cutoff_for = _passed("cutoff_for")
-    in_sealed_range = _passed("in_sealed_range")
-    has_source = _passed("has_source")
-    memory_bytes = _passed("memory_bytes")
-    override_gen = _read("override_gen")
-    load_needed = _read("load_needed")
-    mutable_range = _read("mutable_range")
-    mutable_size = _read("mutable_size")
-    direct_size = _read("direct_size")
-
     @property
     def tick_ms(self) -> int:
         return int(self.core.tick_ms)
@@ -213,6 +161,52 @@ class LazyCore:
     def _check(self) -> None:
         self.core._check()
         self._owner._check_lazy()
+
+
+# How LazyCore routes the core's calls (any other restores every lazy bucket first).
+# Calls that name positions, with what they touch:
+_BY_LEDGERS: dict[str, Span] = {
+    "contains": _at_ledger,
+    "add": _at_ledger,
+    "cancel": _at_ledger,
+    "reschedule": _at_ledger,
+    "index_bitmap": _at_ledger,
+    "needs_restore": _at_ledger,
+    "remove_range": _at_ledger,  # a range named by its start
+    "untrack_upto": _up_to_ledger,
+    "count_upto": _up_to_ledger,
+    "add_range": _ledger_range,
+    "tracked_in_range": _ledger_range,
+    "untrack_ledgers": _ledger_range,
+    "add_many": _ledger_column,
+    "cancel_many": _ledger_column,
+    "tracked_mask": _ledger_column,
+    "authoritative_mask": _ledger_column,
+}
+# Calls that name a source (first argument):
+_BY_SOURCE = ("set_source", "cut_source", "remove_source")
+# Membership-free: the heaps (a lazy bucket's source is a placeholder), the clock rule, the
+# sealed ranges, the sources, the memory held (not ``counters``: it counts the tracked
+# positions), and the override sets (cancels, moves, evicted ranges: kept apart from
+# membership).
+_MEMBERSHIP_FREE = (
+    "poll", "next_time", "has_due", "take_exhausted", "seal", "tracked_mask_order",
+    "source_head", "source_remaining", "cutoff_for", "in_sealed_range", "has_source",
+    "memory_bytes", "evict_cancels", "evict_range", "evicted_ranges", "evicted_mask",
+    "restore_evicted", "override_of", "override_record",
+)  # fmt: skip
+_MEMBERSHIP_FREE_ATTRIBUTES = (
+    "override_gen", "load_needed", "mutable_range", "mutable_size", "direct_size",
+)  # fmt: skip
+
+for _name, _span in _BY_LEDGERS.items():
+    setattr(LazyCore, _name, _routed(_name, _span))
+for _name in _BY_SOURCE:
+    setattr(LazyCore, _name, _by_source(_name))
+for _name in _MEMBERSHIP_FREE:
+    setattr(LazyCore, _name, _passed(_name))
+for _name in _MEMBERSHIP_FREE_ATTRIBUTES:
+    setattr(LazyCore, _name, _read(_name))
 
 
 class LazyRestoreMixin:
