@@ -37,7 +37,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +120,19 @@ def _passed(name: str) -> Callable[..., Any]:
 
 def _read(name: str) -> property:
     return property(lambda self: getattr(self.core, name), doc=f"``core.{name}``.")
+
+
+def _holding(ranges: Sequence[tuple[int, ...]], ledgers: Any) -> list[int]:
+    """Indexes of the ``ranges`` (``(start, end, ...)``: disjoint, sorted, inclusive) that
+    hold any of ``ledgers``, ascending."""
+    if not ranges:
+        return []
+    starts = np.fromiter((r[0] for r in ranges), np.int64, len(ranges))
+    ends = np.fromiter((r[1] for r in ranges), np.int64, len(ranges))
+    ledgers = np.unique(ledgers)
+    at = np.searchsorted(starts, ledgers, side="right") - 1
+    inside = (at >= 0) & (ledgers <= ends[np.maximum(at, 0)])
+    return [int(i) for i in np.unique(at[inside])]
 
 
 def _spans(lazy: dict[int, LazyBucket]) -> list[tuple[int, int, int]]:
@@ -249,12 +262,10 @@ class LazyRestoreMixin:
         (sorted; recovery applies overrides there); returns the others."""
         if not len(ledgers):
             return lazy
-        needed: list[LazyBucket] = []
-        keep: list[LazyBucket] = []
-        for item in lazy:
-            b = item.bucket
-            held = np.searchsorted(ledgers, b.end, side="right") > np.searchsorted(ledgers, b.start)
-            (needed if held else keep).append(item)
+        lazy = sorted(lazy, key=lambda item: item.bucket.start)
+        hit = set(_holding([(d.bucket.start, d.bucket.end) for d in lazy], ledgers))
+        needed = [item for i, item in enumerate(lazy) if i in hit]
+        keep = [item for i, item in enumerate(lazy) if i not in hit]
         restored = [(item, _restore_one(core, item)) for item in needed]
         self._quarantine_unrestored([(item, exc) for item, exc in restored if exc is not None])
         return keep
@@ -274,14 +285,9 @@ class LazyRestoreMixin:
                 # The ranges are disjoint and sorted, so their ends are sorted too.
                 stop = bisect.bisect_right(spans, (high, _HIGHEST, _HIGHEST))
                 start = bisect.bisect_left(spans, low, hi=stop, key=lambda s: s[1])
-                hit = range(start, stop)
+                hit = list(range(start, stop))
             else:
-                starts = np.fromiter((s[0] for s in spans), np.int64, len(spans))
-                ends = np.fromiter((s[1] for s in spans), np.int64, len(spans))
-                ledgers = np.unique(touched)
-                at = np.searchsorted(starts, ledgers, side="right") - 1
-                inside = (at >= 0) & (ledgers <= ends[np.maximum(at, 0)])
-                hit = np.unique(at[inside]).tolist()
+                hit = _holding(spans, touched)
             if len(hit):
                 self._restore_now([self._lazy[spans[i][2]] for i in hit])
 
@@ -297,7 +303,7 @@ class LazyRestoreMixin:
         leaves the lazy set once its positions are in the core, or found damaged (then
         quarantined): an unexpected error leaves the others lazy and the count exact."""
         with self._lazy_lock:
-            core = self._core.core if isinstance(self._core, LazyCore) else self._core
+            core = self._real_core()
             damaged: list[tuple[LazyBucket, SnapshotCorruptError]] = []
             try:
                 for item in list(items):
@@ -324,7 +330,7 @@ class LazyRestoreMixin:
             self._restore_job_queued = False
             if self._restore_in_background and self._lazy:
                 if self._synchronous:
-                    self._restore_now(list(self._lazy.values()))
+                    self._finish_lazy()
                 else:  # queues this job again while any bucket is left
                     self._restore_now([self._lazy[self._lazy_spans[0][2]]])
 
@@ -343,11 +349,14 @@ class LazyRestoreMixin:
             self._lazy, self._lazy_spans, self._lazy_count = {}, [], 0
             return self._unwrap_lazy()
 
-    def _unwrap_lazy(self) -> Any:
+    def _real_core(self) -> Any:
+        """The core itself, whether or not it is behind a :class:`LazyCore`."""
         core = self._core
-        if isinstance(core, LazyCore):
-            core = core.core
-            self._core = self._front.core = core
+        return core.core if isinstance(core, LazyCore) else core
+
+    def _unwrap_lazy(self) -> Any:
+        core = self._real_core()
+        self._core = self._front.core = core
         return core
 
     def _quarantine_unrestored(
@@ -360,7 +369,7 @@ class LazyRestoreMixin:
 
     def _check_lazy(self) -> None:
         """Assert the lazy buckets' invariants (see the module doc)."""
-        core = self._core.core if isinstance(self._core, LazyCore) else self._core
+        core = self._real_core()
         if isinstance(self._core, LazyCore) != bool(self._lazy):
             raise AssertionError("the core is wrapped iff some bucket is lazy")
         if sum(d.count for d in self._lazy.values()) != self._lazy_count:
