@@ -171,6 +171,15 @@ class LazyCore:
     def tick_ms(self, value: int) -> None:
         self.core.tick_ms = value
 
+    def counters(self) -> dict[str, Any]:
+        """``core.counters()`` with the lazy buckets' positions in ``tracked`` (``ledgers``
+        counts the restored ones): a ``stats()`` or a metrics scrape restores nothing, so it
+        never holds the tracker's lock for a whole restore."""
+        with self._owner._lazy_lock:  # as ``len``: a restore may be moving the count
+            out = dict(self.core.counters())
+            out["tracked"] += self._owner._lazy_count
+            return out
+
     def _check(self) -> None:
         self.core._check()
         self._owner._check_lazy()
@@ -199,9 +208,8 @@ _BY_LEDGERS: dict[str, Span] = {
 # Calls that name a source (first argument):
 _BY_SOURCE = ("set_source", "cut_source", "remove_source")
 # Membership-free: the heaps (a lazy bucket's source is a placeholder), the clock rule, the
-# sealed ranges, the sources, the memory held (not ``counters``: it counts the tracked
-# positions), and the override sets (cancels, moves, evicted ranges: kept apart from
-# membership).
+# sealed ranges, the sources, the memory held, and the override sets (cancels, moves, evicted
+# ranges: kept apart from membership). ``counters`` is LazyCore's own (it adds the lazy count).
 _MEMBERSHIP_FREE = (
     "poll", "next_time", "has_due", "take_exhausted", "seal", "tracked_mask_order",
     "source_head", "source_remaining", "cutoff_for", "in_sealed_range", "has_source",

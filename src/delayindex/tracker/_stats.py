@@ -72,6 +72,7 @@ class StatsMixin:
     _deferred_creates: list[_PendingCreate]
     _deferred_deletes: list[str]
     _group: dict[str, int]
+    _lazy: dict[int, Any]  # LazyBucket by sid
     _lock: threading.Lock
     _mark: tuple[int, int] | None
     _merge_in_flight: bool
@@ -140,6 +141,7 @@ class StatsMixin:
                 quarantined_buckets=len(quarantined),
                 quarantined=quarantined,
                 released_buckets=states.count("released"),
+                lazy_buckets=len(self._lazy),  # recovered, positions not restored yet
                 # The storage's, shared by every index on it ({}: it does not read ahead).
                 readahead=self._readahead_stats(),
                 retrying_loads={
