@@ -10,8 +10,8 @@ Builds a small, fully deterministic snapshot and writes, for the current object 
                                       segment order
 
 (``snapshot-v1`` is object version 1 with format 1, named before formats were numbered.) The
-same object with folded cancels is ``snapshot-vN-fF-folded`` (formats 4 and 5 carry them or not);
-before format 4 it was a format of its own, ``snapshot-v1-f3``.
+same object with folded cancels is ``snapshot-vN-fF-folded`` (formats 4 and later carry them or
+not); before format 4 it was a format of its own, ``snapshot-v1-f3``.
 
 The snapshot: the delayed messages of ``generate(600, seed=42, entries_per_ledger=100)`` (the
 realistic mix, about 300 indexes over 6 ledgers) plus one extra ledger whose 100 consecutive

@@ -1,4 +1,4 @@
-"""A bucket's first segments decode only the head of its bitmaps part (format 4).
+"""A bucket's first segments decode only the head of its bitmaps part (formats 4 and 5).
 
 Recovery reads each bucket's first live segment; its positions are in the metadata's bitmaps,
 stored as one compressed part. ``DeferredBlock.head(n)`` decompresses only the part's leading
@@ -20,7 +20,11 @@ from delayindex.errors import SnapshotCorruptError
 from delayindex.snapshot import _parts, codec
 from delayindex.snapshot.blocks import BitmapBlock, DeferredBlock, LazyPositions
 from delayindex.snapshot.codec import decode_metadata, decode_segments, split_object
-from delayindex.snapshot.format import SnapshotMetadata, build_snapshot
+from delayindex.snapshot.format import (
+    LEDGERS_APART_FORMAT_VERSION,
+    SnapshotMetadata,
+    build_snapshot,
+)
 from delayindex.workload import generate
 
 NAME = "bucket-9"
@@ -94,17 +98,23 @@ def test_deferred_block_decodes_one_head_then_the_whole() -> None:
 
 
 def _bucket() -> tuple[SnapshotMetadata, list[bytes]]:
+    """A realistic bucket in format 5, the newest with a bitmaps part (format 6 stores entry
+    gaps, decoded whole: ``test_codec_gaps.py``)."""
     w = generate(4_000, seed=11)
     mask = w.delayed_mask
-    metadata, segments = build_snapshot(
+    built, segments = build_snapshot(
         w.deliver_at[mask],
         w.ledger_ids[mask],
         w.entry_ids[mask],
         max_time_step_ms=300_000,
         max_indexes_per_segment=64,
     )
+    metadata = SnapshotMetadata(
+        built.start_ledger, built.end_ledger, built.mins, built.maxs, built.counts,
+        built.ledger_offsets, built.ledgers, built.block, LEDGERS_APART_FORMAT_VERSION,
+    )  # fmt: skip
     assert metadata.num_segments > 8
-    _, framed = split_object(codec.encode_snapshot(metadata, segments), NAME)
+    _, framed = split_object(codec.encode_snapshot(metadata, list(segments)), NAME)
     return metadata, framed
 
 

@@ -38,10 +38,12 @@ TESTED = {
     "murmur3_32",
     "pack_times",
     "read_varints",
+    "roaring_block_values",  # test_codec_gaps.py
     "roaring_cardinalities",
     "roaring_check_positions",
     "roaring_entries",
     "roaring_union_by_ledger",
+    "roaring_write_block",  # test_codec_gaps.py
     "unpack_segment_times",
 }
 

@@ -324,8 +324,9 @@ def test_len_from_another_thread_during_a_restore_is_exact(
 
 
 def test_an_open_decodes_no_positions(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An open reads each bucket's columns only: no ledger column, no bitmap and no segment
-    is decoded until a call needs them (format 5 keeps them in a part of their own)."""
+    """An open reads each bucket's columns only: no ledger column, no entry and no segment
+    is decoded until a call needs them (format 6 keeps them in a part of their own, decoded
+    whole: no format 5 head or deferred block is involved)."""
     storage, schedule = _built()
     columns: list[int] = []
     heads: list[int] = []
@@ -361,11 +362,10 @@ def test_an_open_decodes_no_positions(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (columns, heads, wholes) == ([], [], [])
     assert storage.stats()["get_segments"]["calls"] == reads  # no segment read either
     assert index.contains(3, 5)
-    assert len(columns) == 1 and wholes == [3]  # bucket 3's restore decodes them, once
-    assert heads == []
+    assert len(columns) == 1  # bucket 3's restore decodes them, once
     sealed = {p: at for p, at in schedule.items() if p.ledger_id < 5}
     assert _drain(index, clock, sealed) == Counter(list(sealed))
-    assert len(columns) == len(wholes) == 4
+    assert len(columns) == 4 and heads == wholes == []
     index.close()
 
 

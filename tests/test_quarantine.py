@@ -417,16 +417,16 @@ def test_cli_repair_rebuilds_from_a_dump_and_release_empties_the_quarantine(
     assert "nothing is quarantined" in capsys.readouterr().out
 
 
-def _undecodable_bitmaps(storage: MemoryStorage, snapshot_id: str) -> None:
-    """Replace the bitmaps of a format 5 metadata (after its sound ledger columns) with bytes
-    that do not decode, every checksum valid: damage that only the bitmaps' first use can
-    find."""
+def _undecodable_positions(storage: MemoryStorage, snapshot_id: str) -> None:
+    """Replace the entry gaps of a format 6 metadata (after its sound ledger columns) with
+    bytes that do not decode, every checksum valid: damage that only the positions' first use
+    can find."""
     original = storage.raw_object(snapshot_id)
     _, entries = codec.split_object(original, snapshot_id)
     flags, payload = entries[0][0], entries[0][1:-4]
     assert flags & codec.FLAG_SPLIT
     metadata = codec.decode_metadata(entries[0], snapshot_id)
-    assert metadata.format_version == 5
+    assert metadata.format_version == 6
     ledgers = b"".join(map(codec.pack_varints, codec._stored_ledgers(metadata)))
     length, start = codec._get_varint(payload, 0, len(payload))
     garbage = zstandard.ZstdCompressor().compress(ledgers + b"\x05\x01\x02")
@@ -434,13 +434,13 @@ def _undecodable_bitmaps(storage: MemoryStorage, snapshot_id: str) -> None:
     storage.put_raw_object(snapshot_id, codec.pack_object(entries))
 
 
-def test_bitmaps_that_do_not_decode_quarantine_their_bucket_at_first_use() -> None:
-    _, clock, index, sid, schedule = damaged_at_open(0, bucket=1, damage=_undecodable_bitmaps)
+def test_positions_that_do_not_decode_quarantine_their_bucket_at_first_use() -> None:
+    _, clock, index, sid, schedule = damaged_at_open(0, bucket=1, damage=_undecodable_positions)
     assert index.quarantined() == []  # an open reads no bitmap
     assert not any(index.contains(2, e) for e in range(6))  # the first call that needs them
     [info] = index.quarantined()
     assert info.snapshot_id == sid and not info.positions_known
-    assert "bitmaps do not decode" in info.reason
+    assert "positions do not decode" in info.reason
     assert all(index.contains(1, e) for e in range(6))  # the other buckets recovered
     expected = {p for p in schedule if p.ledger_id in (1, 3)}  # 4: the mutable bucket's
     delivered = drain(index, clock, schedule)

@@ -248,6 +248,23 @@ def roaring_cardinalities(const uint8_t[::1] blob not None, const int64_t[:] off
     return out
 
 
+def roaring_block_values(const uint8_t[::1] blob not None, const int64_t[:] offsets not None):
+    """Parse every portable roaring bitmap of a block (``blob`` with ``offsets``, one more than
+    the bitmaps): ``(values, cards)``, the bitmaps' values back to back as uint32 (each one's
+    ascending) and each one's cardinality (int64). ValueError if a bitmap is malformed."""
+    cdef Py_ssize_t i, pos = 0, n = offsets.shape[0] - 1
+    cards = roaring_cardinalities(blob, offsets)  # checks the frame and every bitmap
+    cdef const int64_t[::1] vc = cards
+    cdef const uint8_t* base = block_base(blob, offsets, n)
+    values = np.empty(int(cards.sum()), dtype=np.uint32)
+    cdef uint32_t[::1] vv = values
+    for i in range(n):
+        if vc[i]:
+            block_parse(base, offsets, i, &vv[pos], vc[i])
+            pos += vc[i]
+    return values, cards
+
+
 def roaring_check_positions(const int64_t[:] ledgers not None, const uint8_t[::1] blob not None,
                             const int64_t[:] offsets not None):
     """Validate a bitmap block (``blob``, ``offsets``) aligned with ``ledgers``; fail if a

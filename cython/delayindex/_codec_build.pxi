@@ -121,6 +121,51 @@ cdef Py_ssize_t roaring_write(const uint32_t* values, Py_ssize_t n, uint8_t* out
     return header + body
 
 
+def roaring_write_block(const uint32_t[::1] values not None, const int64_t[:] bounds not None):
+    """Each group ``values[bounds[g]:bounds[g + 1]]`` (non-empty, ascending) as a portable
+    roaring bitmap written as ``build_segments`` writes it (pyroaring's bytes after
+    ``run_optimize``), back to back: ``(blob, offsets)``, bitmap ``g`` at
+    ``blob[offsets[g]:offsets[g + 1]]``. ValueError on bounds that do not frame ``values`` in
+    non-empty groups, or a group not strictly ascending."""
+    cdef Py_ssize_t g, i, n = bounds.shape[0] - 1, largest = 0, size
+    if n < 0:
+        raise ValueError("group bounds are empty")
+    if bounds[0] != 0 or bounds[n] != values.shape[0]:
+        raise ValueError("group bounds do not span the values")
+    for g in range(n):
+        if bounds[g + 1] <= bounds[g]:
+            raise ValueError("a group is empty or its bounds decrease")
+        if bounds[g + 1] - bounds[g] > largest:
+            largest = bounds[g + 1] - bounds[g]
+        for i in range(bounds[g] + 1, bounds[g + 1]):
+            if values[i] <= values[i - 1]:
+                raise ValueError("a group's values are not ascending")
+    offsets = np.empty(n + 1, dtype=np.int64)
+    cdef int64_t[::1] vo = offsets
+    cdef int* kinds = <int*> malloc((largest + 1) * sizeof(int))
+    cdef Py_ssize_t* scratch_bounds = <Py_ssize_t*> malloc((largest + 1) * sizeof(Py_ssize_t))
+    cdef Py_ssize_t* nruns = <Py_ssize_t*> malloc((largest + 1) * sizeof(Py_ssize_t))
+    cdef uint8_t* dst
+    try:
+        if kinds == NULL or scratch_bounds == NULL or nruns == NULL:
+            raise MemoryError()
+        vo[0] = 0
+        for g in range(n):
+            size = roaring_write(&values[bounds[g]], bounds[g + 1] - bounds[g], NULL, kinds,
+                                 scratch_bounds, nruns)
+            vo[g + 1] = vo[g] + size
+        out = PyBytes_FromStringAndSize(NULL, vo[n])
+        dst = <uint8_t*> PyBytes_AS_STRING(out)
+        for g in range(n):
+            roaring_write(&values[bounds[g]], bounds[g + 1] - bounds[g], dst + vo[g], kinds,
+                          scratch_bounds, nruns)
+    finally:
+        free(kinds)
+        free(scratch_bounds)
+        free(nruns)
+    return out, offsets
+
+
 ctypedef struct GrowBuf:
     uint8_t* data
     size_t size

@@ -51,10 +51,12 @@ CODEC_KERNELS = (
     "murmur3_32",
     "pack_times",
     "read_varints",
+    "roaring_block_values",
     "roaring_cardinalities",
     "roaring_check_positions",
     "roaring_entries",
     "roaring_union_by_ledger",
+    "roaring_write_block",
     "unpack_segment_times",
 )
 
@@ -98,10 +100,12 @@ if TYPE_CHECKING:
         murmur3_32,
         pack_times,
         read_varints,
+        roaring_block_values,
         roaring_cardinalities,
         roaring_check_positions,
         roaring_entries,
         roaring_union_by_ledger,
+        roaring_write_block,
         unpack_segment_times,
     )
     from delayindex._pure.core import TrackerCore
@@ -145,10 +149,12 @@ else:
     murmur3_32 = _kernels.murmur3_32
     pack_times = _kernels.pack_times
     read_varints = _kernels.read_varints
+    roaring_block_values = _kernels.roaring_block_values
     roaring_cardinalities = _kernels.roaring_cardinalities
     roaring_check_positions = _kernels.roaring_check_positions
     roaring_entries = _kernels.roaring_entries
     roaring_union_by_ledger = _kernels.roaring_union_by_ledger
+    roaring_write_block = _kernels.roaring_write_block
     unpack_segment_times = _kernels.unpack_segment_times
 
 
@@ -186,10 +192,12 @@ __all__ = [
     "pure_sorted_positions",
     "pure_wall_clock_ms",
     "read_varints",
+    "roaring_block_values",
     "roaring_cardinalities",
     "roaring_check_positions",
     "roaring_entries",
     "roaring_union_by_ledger",
+    "roaring_write_block",
     "sorted_positions",
     "unpack_segment_times",
     "wall_clock_ms",

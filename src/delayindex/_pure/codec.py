@@ -91,6 +91,47 @@ def roaring_cardinalities(blob: bytes, offsets: Any) -> Int64Array:
     return np.array([len(roaring_entries(b)) for b in bitmaps], dtype=np.int64)
 
 
+def roaring_block_values(blob: bytes, offsets: Any) -> tuple[npt.NDArray[np.uint32], Int64Array]:
+    """Parse every portable roaring bitmap of a block (``blob`` with ``offsets``, one more than
+    the bitmaps): ``(values, cards)``, the bitmaps' values back to back as uint32 (each one's
+    ascending) and each one's cardinality (int64). ValueError if a bitmap is malformed."""
+    bitmaps = block_bitmaps(blob, offsets)
+    values, cards, ok = read_block(bitmaps.raw, bitmaps.cuts)
+    if bool(ok.all()):
+        return values, cards
+    pieces, at = [], 0
+    for i, fast in enumerate(ok.tolist()):  # the batch parser's leftovers, one by one
+        if fast:
+            pieces.append(values[at : at + int(cards[i])])
+            at += int(cards[i])
+        else:
+            pieces.append(roaring_entries(bitmaps[i]))
+            cards[i] = len(pieces[-1])
+    return np.concatenate(pieces).astype(np.uint32, copy=False), cards
+
+
+def roaring_write_block(values: Any, bounds: Any) -> tuple[bytes, Int64Array]:
+    """Each group ``values[bounds[g]:bounds[g + 1]]`` (non-empty, ascending) as a portable
+    roaring bitmap written as ``build_segments`` writes it (pyroaring's bytes after
+    ``run_optimize``), back to back: ``(blob, offsets)``, bitmap ``g`` at
+    ``blob[offsets[g]:offsets[g + 1]]``. ValueError on bounds that do not frame ``values`` in
+    non-empty groups, or a group not strictly ascending."""
+    v = np.asarray(values, dtype=np.uint32)
+    b = np.asarray(bounds, dtype=np.int64)
+    if b.ndim != 1 or len(b) < 1:
+        raise ValueError("group bounds are empty")
+    if int(b[0]) != 0 or int(b[-1]) != len(v):
+        raise ValueError("group bounds do not span the values")
+    if bool((np.diff(b) <= 0).any()):
+        raise ValueError("a group is empty or its bounds decrease")
+    rises = np.ones(len(v), dtype=np.bool_)
+    rises[1:] = v[1:] > v[:-1]
+    rises[b[:-1]] = True  # a group's first value follows nothing of its own
+    if not bool(rises.all()):
+        raise ValueError("a group's values are not ascending")
+    return _bitmaps(v, b)
+
+
 def pack_times(times: Int64Array, base: int, span: int) -> bytes:
     """Bit-pack ``times - base`` at ``bit_length(span)`` bits each, LSB-first."""
     if span < 0:

@@ -1,5 +1,5 @@
 """The compressed parts of a metadata payload, decoded: zstd, and the second part of formats
-4 and 5.
+4 to 6.
 
 A format 4 bitmaps part is the byte size of each bitmap (unsigned LEB128 varints, one per
 (segment, ledger) of the columns) and then the bitmaps back to back, zstd-compressed when the
@@ -9,7 +9,9 @@ its leading bytes (:func:`head_block`) when a bucket's first segments are all th
 format 5 positions part puts the ledger columns (each segment's ledger count, then the ledger
 deltas, varints) before such a bitmaps part; :func:`positions_part` wraps it in a
 :class:`~delayindex.snapshot.blocks.LazyPositions`, which decodes the ledger columns from the
-leading bytes on first use and the bitmaps after them. :func:`ledger_columns` is the one rule
+leading bytes on first use and the bitmaps after them. A format 6 positions part has the
+entry gaps (:mod:`delayindex.snapshot._gaps`) where format 5 has the bitmaps part; it is
+decoded whole, its bitmaps rebuilt (:func:`gap_block`). :func:`ledger_columns` is the one rule
 that turns stored ledger columns into ``(ledger_offsets, ledgers)`` and checks them, for every
 format. The parts' bytes have been verified with the entry's checksum before any of this runs;
 every decoding failure raises :class:`~delayindex.errors.SnapshotCorruptError` naming the
@@ -27,7 +29,8 @@ import zstandard
 
 from delayindex import _impl
 from delayindex.errors import SnapshotCorruptError
-from delayindex.snapshot.blocks import BitmapBlock, DeferredBlock, LazyPositions
+from delayindex.snapshot._gaps import unpack_entry_gaps
+from delayindex.snapshot.blocks import BitmapBlock, BlockLike, DeferredBlock, LazyPositions
 
 _T = TypeVar("_T")
 
@@ -148,27 +151,66 @@ def ledger_columns(
 
 
 def positions_part(
-    part: memoryview, zstd: bool, name: str, segments: int, start: int, end: int
+    part: memoryview,
+    zstd: bool,
+    name: str,
+    segments: int,
+    start: int,
+    end: int,
+    gap_counts: npt.NDArray[np.int64] | None = None,
 ) -> LazyPositions:
-    """Format 5's positions part (the ledger columns, then a bitmaps part), decoded on first
-    use: the ledger columns from its leading bytes, then the bitmaps after them as
-    :func:`deferred_bitmaps` (:class:`~delayindex.snapshot.blocks.LazyPositions`)."""
+    """A positions part of ``segments`` segments, decoded on first use
+    (:class:`~delayindex.snapshot.blocks.LazyPositions`). Format 5 (``gap_counts`` None): the
+    ledger columns, decoded from its leading bytes, then a bitmaps part, decoded later as
+    :func:`deferred_bitmaps`. Format 6: the ledger columns, then the entry gaps, decoded whole
+    and their bitmaps rebuilt (:func:`gap_block`), checked against ``gap_counts``, the
+    segments' index counts."""
 
-    def decode() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], DeferredBlock]:
+    def decode() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], BlockLike]:
+        if gap_counts is not None:  # format 6: decoded whole
+            raw = decompress(part) if zstd else bytes(part)
+            counts, at = _impl.read_varints(raw, 0, segments)
+            total = _checked_ledger_counts(counts)
+            deltas, at = _impl.read_varints(raw, at, total)
+            offsets, ledgers = ledger_columns(counts, deltas.view(np.uint64), start, end)
+            return offsets, ledgers, gap_block(raw, at, offsets, gap_counts)
         prefix = _Prefix(part, zstd)
         counts_end = prefix.varints_end(0, segments, "ledger counts")
         counts, _ = _impl.read_varints(bytes(prefix.data[:counts_end]), 0, segments)
-        if int(counts.min(initial=1)) < 1:
-            raise ValueError("a segment has no ledgers")
-        if int(counts.max(initial=0)) > MAX_DECODED_BYTES:  # more than the part can hold
-            raise ValueError("a segment has too many ledgers")
-        total = int(counts.sum())  # below 2**61: no wrap-around
+        total = _checked_ledger_counts(counts)
         deltas_end = prefix.varints_end(counts_end, total, "ledger deltas")
         deltas, _ = _impl.read_varints(bytes(prefix.data[counts_end:deltas_end]), 0, total)
         offsets, ledgers = ledger_columns(counts, deltas.view(np.uint64), start, end)
         return offsets, ledgers, deferred_bitmaps(part, zstd, name, deltas_end)(total)
 
-    return LazyPositions(lambda: _named(decode, name, "ledger columns"), len(part))
+    # Format 5's bitmaps fail later, as "bitmaps"; format 6's gaps fail with its columns.
+    what = "ledger columns" if gap_counts is None else "positions"
+    return LazyPositions(lambda: _named(decode, name, what), len(part))
+
+
+def _checked_ledger_counts(counts: npt.NDArray[np.int64]) -> int:
+    """The number of (segment, ledger)s of stored ledger counts (``ValueError`` unless each
+    is at least 1 and no more than a part can hold)."""
+    if int(counts.min(initial=1)) < 1:
+        raise ValueError("a segment has no ledgers")
+    if int(counts.max(initial=0)) > MAX_DECODED_BYTES:  # more than the part can hold
+        raise ValueError("a segment has too many ledgers")
+    return int(counts.sum())  # below 2**61: no wrap-around
+
+
+def gap_block(
+    raw: bytes, start: int, ledger_offsets: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]
+) -> BitmapBlock:
+    """The bitmaps of format 6's entry gaps at ``raw[start:]`` (one per ledger of the ledger
+    columns ``ledger_offsets``), rebuilt as the writer's bytes; ``ValueError`` unless each
+    segment's bitmaps hold its count of ``counts``."""
+    pairs = int(ledger_offsets[-1])
+    values, bounds = unpack_entry_gaps(raw, start, pairs)
+    held = np.add.reduceat(np.diff(bounds), ledger_offsets[:-1]) if pairs else bounds[:0]
+    if not np.array_equal(held, counts):
+        raise ValueError("the entry gaps do not hold the segment counts")
+    blob, offsets = _impl.roaring_write_block(values, bounds)
+    return BitmapBlock(blob, offsets)
 
 
 def _named(decode: Callable[[], _T], name: str, what: str) -> _T:

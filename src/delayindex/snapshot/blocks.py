@@ -4,12 +4,12 @@ A snapshot metadata holds one portable roaring bitmap per (segment, ledger): tho
 bucket, 18 to 40 bytes each. :class:`BitmapBlock` keeps them back to back in one ``bytes`` with
 an offsets array, so they cost no Python object each. :class:`DeferredBlock` is a block not yet
 decoded: format 4 stores the bitmaps in a compressed part of their own, decoded on first use.
-:class:`LazyPositions` is format 5's part, which also holds the ledger columns the bitmaps
-belong to (``columns()``). All three answer ``count``, ``loaded``, ``nbytes``, ``get()`` and
-``head(n)``, so a metadata holds any of them without asking which. ``head(n)`` is what reading
-a bucket's first segments needs: a deferred block decodes only the bitmaps up to ``n`` (the
-part's leading bytes) the first time, and the whole block after that, so no bucket pays for more
-than one partial decode.
+:class:`LazyPositions` is the part of formats 5 and 6, which also holds the ledger columns the
+bitmaps belong to (``columns()``; format 6 rebuilds the bitmaps from entry gaps). All three
+answer ``count``, ``loaded``, ``nbytes``, ``get()`` and ``head(n)``, so a metadata holds any of
+them without asking which. ``head(n)`` is what reading a bucket's first segments needs: a
+deferred block decodes only the bitmaps up to ``n`` (the part's leading bytes) the first time,
+and the whole block after that, so no bucket pays for more than one partial decode.
 Invariant: a block's offsets start at 0, never decrease and end at the blob's length.
 """
 
@@ -180,13 +180,18 @@ class DeferredBlock:
         return head if len(head) >= n else self.get()
 
 
+#: A block as a positions part decodes it: format 6's whole, format 5's deferred.
+BlockLike = BitmapBlock | DeferredBlock
+
+
 class LazyPositions:
-    """Format 5's positions part, decoded on first use: a bucket's ledger columns and then its
-    bitmaps, both kept out of the columns an open reads.
+    """Format 5's or 6's positions part, decoded on first use: a bucket's ledger columns and
+    then its bitmaps, both kept out of the columns an open reads.
 
     ``load`` decodes the ledger columns (from the part's leading bytes) and returns them with
-    the bitmaps as a :class:`DeferredBlock` (``get`` whole, ``head(n)`` the first ``n``); it
-    runs once, and then only the block holds the part. It raises the codec's
+    the bitmaps: format 5's as a :class:`DeferredBlock` (``get`` whole, ``head(n)`` the first
+    ``n``), format 6's as a :class:`BitmapBlock` rebuilt from its entry gaps. It runs once,
+    and then only the block holds the part. It raises the codec's
     :class:`~delayindex.errors.SnapshotCorruptError` on damage. Two threads may both decode
     the columns: the result is the same, and the first kept is kept.
     """
@@ -195,12 +200,12 @@ class LazyPositions:
 
     def __init__(
         self,
-        load: Callable[[], tuple[Int64Array, Int64Array, DeferredBlock]],
+        load: Callable[[], tuple[Int64Array, Int64Array, BlockLike]],
         packed_bytes: int,
     ) -> None:
-        self._load: Callable[[], tuple[Int64Array, Int64Array, DeferredBlock]] | None = load
+        self._load: Callable[[], tuple[Int64Array, Int64Array, BlockLike]] | None = load
         self._columns: tuple[Int64Array, Int64Array] | None = None
-        self._block: DeferredBlock | None = None
+        self._block: BlockLike | None = None
         #: Bytes the compressed part holds (what the positions cost until they are read).
         self.packed_bytes = int(packed_bytes)
 
@@ -210,7 +215,7 @@ class LazyPositions:
         assert self._columns is not None
         return self._columns
 
-    def _bitmaps(self) -> DeferredBlock:
+    def _bitmaps(self) -> BlockLike:
         block = self._block
         if block is None:
             load = self._load  # read once: a decode in another thread clears it

@@ -11,18 +11,20 @@ Object layout (object version 1, all integers little-endian)::
 
     entry      flags u8 | payload | crc u32   (mmh3 of flags + payload, seeded with the entry index)
 
-Metadata payload, format 5 (written; ``flags & FLAG_SPLIT``): ``varint len(columns) | columns |
+Metadata payload, format 6 (written; ``flags & FLAG_SPLIT``): ``varint len(columns) | columns |
 positions``, two parts each zstd-compressed when ``flags & FLAG_ZSTD``. The columns are a
 ``SnapshotMetadata`` protobuf without ledger columns or bitmap fields (and with the cancels a
 merge folded into the bucket, if any); the positions are the ledger columns (varints: each
-segment's ledger count, then the ledger deltas), the bitmaps' sizes (varints) and then the
-bitmaps back to back. The columns decode alone: the positions part is decompressed and checked
-on first use (:mod:`delayindex.snapshot._parts`), so whatever needs only times and counts (an
+segment's ledger count, then the ledger deltas) and then each (segment, ledger)'s entry ids as
+gaps (:mod:`delayindex.snapshot._gaps`), from which a decode rebuilds the roaring bitmaps
+byte for byte. The columns decode alone: the positions part is decompressed and checked on
+first use (:mod:`delayindex.snapshot._parts`), so whatever needs only times and counts (an
 open) never pays for the positions. Older formats, still read and re-encoded as themselves:
-format 4 is format 5 with the ledger columns in its columns part; before it one protobuf,
-zstd-compressed when ``flags & FLAG_ZSTD``: format 2 holds the bitmaps as one block plus their
-sizes inside it, format 1 one protobuf ``bytes`` per bitmap, and format 3 is format 2 plus
-folded cancels (packed, unpacked and range-checked on every decode).
+format 5 stores the bitmaps themselves (their sizes as varints, then their bytes) where format
+6 stores gaps; format 4 is format 5 with the ledger columns in its columns part; before it one
+protobuf, zstd-compressed when ``flags & FLAG_ZSTD``: format 2 holds the bitmaps as one block
+plus their sizes inside it, format 1 one protobuf ``bytes`` per bitmap, and format 3 is format
+2 plus folded cancels (packed, unpacked and range-checked on every decode).
 Segment payload: the segment's deliver times minus the segment minimum, bit-packed LSB-first at
 ``bit_length(max - min)`` bits each, in position order (as the segment's bitmaps enumerate
 positions), so a one-index segment with min == max has an empty payload. Positions are never
@@ -51,10 +53,13 @@ from delayindex import _impl
 from delayindex.errors import SnapshotCorruptError
 from delayindex.model import MAX_LEDGER_ID
 from delayindex.pb import snapshot_pb2
+from delayindex.snapshot._gaps import pack_entry_gaps
+from delayindex.snapshot._gaps import pack_varints as pack_varints  # its public home
 from delayindex.snapshot._parts import decompress, deferred_bitmaps, ledger_columns, positions_part
 from delayindex.snapshot.blocks import BitmapBlock, DeferredBlock, LazyPositions
 from delayindex.snapshot.format import (
     FORMAT_VERSIONS,
+    GAPS_FORMAT_VERSION,
     LEDGERS_APART_FORMAT_VERSION,
     MAX_SEGMENT_SPAN,
     SPLIT_FORMAT_VERSION,
@@ -185,13 +190,18 @@ def _bitmaps_part(block: BitmapBlock) -> bytes:
 
 
 def _positions_part(metadata: SnapshotMetadata) -> bytes:
-    """The second part: format 5's ledger columns (varints: each segment's ledger count, then
-    the ledger deltas) before format 4's whole part (:func:`_bitmaps_part`)."""
-    bitmaps = _bitmaps_part(metadata.block)
+    """The second part: from format 5 the ledger columns (varints: each segment's ledger
+    count, then the ledger deltas), then format 6's entry gaps (:mod:`._gaps`) or format 4's
+    whole part (:func:`_bitmaps_part`)."""
+    block = metadata.block
     if metadata.format_version < LEDGERS_APART_FORMAT_VERSION:
-        return bitmaps
+        return _bitmaps_part(block)
     counts, deltas = _stored_ledgers(metadata)
-    return pack_varints(counts) + pack_varints(deltas) + bitmaps
+    ledgers = pack_varints(counts) + pack_varints(deltas)
+    if metadata.format_version < GAPS_FORMAT_VERSION:
+        return ledgers + _bitmaps_part(block)
+    values, cards = _impl.roaring_block_values(block.blob, block.offsets)
+    return ledgers + pack_entry_gaps(values, cards)
 
 
 def _stored_ledgers(metadata: SnapshotMetadata) -> tuple[Int64Array, Int64Array]:
@@ -259,25 +269,6 @@ def _metadata_message(
         generation=metadata.generation,
         **bitmap_fields,
     )
-
-
-def pack_varints(values: npt.ArrayLike) -> bytes:
-    """Non-negative int64 values as unsigned LEB128 varints back to back (vectorized; the
-    inverse of the ``read_varints`` kernel)."""
-    v = np.asarray(values, dtype=np.int64)
-    if len(v) and int(v.min()) < 0:
-        raise ValueError("varints must be >= 0")
-    u = v.astype(np.uint64)
-    sizes = np.ones(len(u), dtype=np.int64)
-    for k in range(1, 10):
-        sizes += u >= np.uint64(1 << (7 * k))
-    starts = np.cumsum(sizes) - sizes
-    out = np.empty(int(sizes.sum()), dtype=np.uint8)
-    for k in range(int(sizes.max()) if len(sizes) else 0):
-        has = sizes > k
-        low7 = ((u[has] >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
-        out[starts[has] + k] = low7 | ((sizes[has] > k + 1).astype(np.uint8) << np.uint8(7))
-    return out.tobytes()
 
 
 def _check_segment_matches(meta: Any, segment: Segment, number: int) -> None:
@@ -479,7 +470,8 @@ def _metadata_from_message(
     block: BitmapBlock | DeferredBlock | LazyPositions
     if apart:
         assert part is not None
-        block = positions_part(part, zstd, name, n, start, end)
+        gaps = counts if version >= GAPS_FORMAT_VERSION else None
+        block = positions_part(part, zstd, name, n, start, end, gaps)
     else:
         offsets, ledgers = ledger_columns(
             np.array(message.ledger_counts, dtype=np.int64),

@@ -30,21 +30,24 @@ from delayindex._sortkeys import pack_positions
 from delayindex.model import MAX_ENTRY_ID, MAX_LEDGER_ID
 from delayindex.snapshot.blocks import BitmapBlock, DeferredBlock, LazyPositions, frozen_int64
 
-#: The metadata format written: 5 keeps a bucket's per-segment columns in one compressed frame
-#: and its positions (the ledger columns, then the bitmaps) in another, so an open reads the
-#: times and counts without the positions, with or without folded cancels (see
-#: ``docs/snapshot-format.md``). Older formats are still read, and re-encoded as themselves:
-#: 1 (one protobuf ``bytes`` per bitmap), 2 (the bitmaps as one block inside the message),
-#: 3 (format 2 with folded cancels) and 4 (format 5 with the ledger columns in the first frame).
-FORMAT_VERSION = 5
+#: The metadata format written: 6 keeps a bucket's per-segment columns in one compressed frame
+#: and its positions (the ledger columns, then each (segment, ledger)'s entry ids as gaps) in
+#: another, so an open reads the times and counts without the positions, with or without folded
+#: cancels (see ``docs/snapshot-format.md``). Older formats are still read, and re-encoded as
+#: themselves: 1 (one protobuf ``bytes`` per bitmap), 2 (the bitmaps as one block inside the
+#: message), 3 (format 2 with folded cancels), 4 (format 5 with the ledger columns in the first
+#: frame) and 5 (the roaring bitmaps themselves where 6 has gaps).
+FORMAT_VERSION = 6
 #: The format 2 metadata that carries folded cancels (read and re-encoded; not written new).
 FOLDED_FORMAT_VERSION = 3
 #: The first format that stores its bitmaps in a frame of their own.
 SPLIT_FORMAT_VERSION = 4
 #: The first format that stores its ledger columns with its bitmaps, not with the times.
 LEDGERS_APART_FORMAT_VERSION = 5
+#: The first format that stores entry gaps instead of the bitmaps' bytes.
+GAPS_FORMAT_VERSION = 6
 #: Every metadata format this version reads.
-FORMAT_VERSIONS = (1, 2, 3, 4, 5)
+FORMAT_VERSIONS = (1, 2, 3, 4, 5, 6)
 #: Segment time steps (and so spans) stay below this, far inside int64 arithmetic.
 MAX_SEGMENT_SPAN = 2**62
 
@@ -153,7 +156,7 @@ class SnapshotMetadata:
             if isinstance(bitmaps, BitmapBlock | DeferredBlock | LazyPositions)
             else BitmapBlock.join(bitmaps)
         )
-        # The ledger columns: None while a format 5 part holds them undecoded (then both).
+        # The ledger columns: None while a format 5 or 6 part holds them undecoded (then both).
         lazy = isinstance(self._bitmaps, LazyPositions)
         if lazy != (ledger_offsets is None) or lazy != (ledgers is None):
             raise ValueError("ledger columns are given exactly when the positions are decoded")
@@ -179,7 +182,7 @@ class SnapshotMetadata:
 
     @property
     def ledgers(self) -> Int64Array:
-        """Every segment's ledgers, ascending within each, segment after segment (a format 5
+        """Every segment's ledgers, ascending within each, segment after segment (a format 5 or 6
         metadata decodes them here, on first use: the codec's ``SnapshotCorruptError`` if
         they are damaged)."""
         ledgers = self._ledgers
@@ -333,7 +336,9 @@ class SnapshotMetadata:
         """Bytes its columns, bitmaps and folded cancels hold (what a cache of it costs; bitmaps
         not yet decoded count as their compressed frame)."""
         columns = (self.mins, self.maxs, self.counts, self._ledger_offsets, self._ledgers)
-        held = sum(c.nbytes for c in columns if c is not None)  # a format 5 part counts its own
+        held = sum(
+            c.nbytes for c in columns if c is not None
+        )  # a format 5 or 6 part counts its own
         return held + self._bitmaps.nbytes + len(self.folded_cancels)
 
     @property
@@ -516,7 +521,7 @@ class PreparedSegments(SegmentList):
 
 
 def _check_folded_form(format_version: int, folded_cancels: bytes) -> None:
-    """Formats 1 and 2 never carry folded cancels, format 3 always does, 4 and 5 may."""
+    """Formats 1 and 2 never carry folded cancels, format 3 always does, 4 and later may."""
     if format_version >= SPLIT_FORMAT_VERSION:
         return
     if bool(folded_cancels) != (format_version == FOLDED_FORMAT_VERSION):

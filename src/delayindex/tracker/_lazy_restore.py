@@ -3,8 +3,8 @@
 How it works. Recovery used to restore every recovered bucket's positions into the core's dedup
 index at open: per-message work, about 6 ns each. Now a bucket whose positions nothing at open
 depends on is *lazy*: its first live segment is a placeholder (read when due, as for every
-bucket), and its positions wait in ``_lazy``, undecoded (format 5 keeps them, ledger columns
-included, in a part of their own). Until they are all restored the tracker's core is a
+bucket), and its positions wait in ``_lazy``, undecoded (formats 5 and 6 keep them, ledger
+columns included, in a part of their own). Until they are all restored the tracker's core is a
 :class:`LazyCore`, which routes each call by what it names:
 
 - a call that names positions (a ledger, a ledger range, columns of ledgers) restores the lazy
