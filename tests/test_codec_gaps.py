@@ -2,7 +2,8 @@
 
 The writer turns a block's roaring bitmaps into gap streams; the reader rebuilds the bitmaps
 from them, byte for byte. These tests hold both directions to each other and to pyroaring, run
-the two block kernels (``roaring_block_values``, ``roaring_write_block``) native against pure,
+the three kernels (``roaring_block_values``, ``roaring_write_block``, ``unpack_entry_gaps``)
+native against pure,
 and damage the streams behind a valid checksum: every such part must raise
 ``SnapshotCorruptError`` naming the object, never decode into other positions.
 """
@@ -78,9 +79,43 @@ def _native() -> Any:
 def test_gap_streams_round_trip(groups: list[set[int]]) -> None:
     values, bounds = _groups_arrays(groups)
     raw = b"\x07prefix" + pack_entry_gaps(values, np.diff(bounds))
-    got_values, got_bounds = unpack_entry_gaps(raw, 7, len(groups))
-    assert got_values.dtype == np.uint32 and got_values.tolist() == values.tolist()
-    assert got_bounds.tolist() == bounds.tolist()
+    for unpack in (unpack_entry_gaps, _native().unpack_entry_gaps, pure.unpack_entry_gaps):
+        got_values, got_bounds = unpack(raw, 7, len(groups))
+        assert got_values.dtype == np.uint32 and got_values.tolist() == values.tolist()
+        assert got_bounds.dtype == np.int64 and got_bounds.tolist() == bounds.tolist()
+
+
+def _outcome(unpack: Any, raw: bytes, start: int, groups: int) -> tuple[str, Any]:
+    try:
+        values, bounds = unpack(raw, start, groups)
+    except ValueError as exc:
+        return "ValueError", str(exc)
+    return "ok", (values.dtype.str, values.tolist(), bounds.dtype.str, bounds.tolist())
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(_group, max_size=5),
+    st.binary(max_size=12),
+    st.integers(0, 40),
+    st.integers(-1, 1),
+    st.integers(0, 3),
+)
+def test_the_twins_read_any_bytes_alike(
+    groups: list[set[int]], noise: bytes, at: int, shift: int, start: int
+) -> None:
+    """Native and pure read valid streams, damaged ones and garbage the same way: equal
+    results, or ValueError with the same message."""
+    values, bounds = _groups_arrays(groups)
+    raw = bytearray(bytes(start) + pack_entry_gaps(values, np.diff(bounds)))
+    if noise:  # overwrite or insert some bytes somewhere
+        at = min(at, len(raw))
+        raw[at : at + (len(noise) if shift >= 0 else 0)] = noise
+    data = bytes(raw)
+    for count in {max(len(groups) + shift, 0), len(groups)}:
+        native = _outcome(_native().unpack_entry_gaps, data, start, count)
+        python = _outcome(pure.unpack_entry_gaps, data, start, count)
+        assert native == python
 
 
 @settings(max_examples=150, deadline=None)
@@ -155,8 +190,9 @@ def _streams(cards: list[int], firsts: list[int], steps: bytes, escapes: list[in
     ],
 )
 def test_malformed_gap_streams_are_refused(raw: bytes, groups: int, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        unpack_entry_gaps(raw, 0, groups)
+    for unpack in (_native().unpack_entry_gaps, pure.unpack_entry_gaps):
+        with pytest.raises(ValueError, match=match):
+            unpack(raw, 0, groups)
 
 
 def test_an_escaped_gap_is_exact() -> None:

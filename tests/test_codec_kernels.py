@@ -44,6 +44,7 @@ TESTED = {
     "roaring_entries",
     "roaring_union_by_ledger",
     "roaring_write_block",  # test_codec_gaps.py
+    "unpack_entry_gaps",  # test_codec_gaps.py
     "unpack_segment_times",
 }
 

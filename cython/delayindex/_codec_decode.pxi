@@ -42,6 +42,72 @@ def read_varints(const uint8_t[::1] data not None, Py_ssize_t start, Py_ssize_t 
     return out, pos
 
 
+cdef enum:
+    GAP_ESCAPE = 255  # a step byte that says: the gap is in the escapes stream
+# Entry ids are those of 32-bit roaring bitmaps.
+cdef int64_t ENTRY_LIMIT = 4294967296
+
+
+def unpack_entry_gaps(const uint8_t[::1] raw not None, Py_ssize_t start, Py_ssize_t groups):
+    """Format 6's entry gaps (``delayindex.snapshot._gaps``): the ``groups`` (segment, ledger)
+    entry sets whose streams begin at ``raw[start]`` and end at its end, as ``(values,
+    bounds)``, group ``g`` being ``values[bounds[g]:bounds[g + 1]]`` (uint32, int64).
+    ValueError unless the streams are exactly well-formed (the pure twin's checks, in its
+    order and with its messages)."""
+    cdef Py_ssize_t size = raw.shape[0], g, i, at, later, total = 0, n_escapes = 0, k = 0
+    cdef uint64_t value
+    cards, after_cards = read_varints(raw, start, groups)
+    cdef const int64_t[::1] vc = cards
+    for g in range(groups):
+        if vc[g] < 1:
+            raise ValueError("a (segment, ledger) holds no entry")
+    for g in range(groups):
+        if vc[g] > size:  # each later entry takes a byte at least
+            raise ValueError("a (segment, ledger) holds more entries than the part has bytes")
+    firsts, at = read_varints(raw, after_cards, groups)
+    cdef const int64_t[::1] vf = firsts
+    for g in range(groups):
+        if vf[g] >= ENTRY_LIMIT:
+            raise ValueError("an entry id beyond 32 bits")
+        total += vc[g]
+    later = total - groups
+    if size - at < later:
+        raise ValueError("the entry gaps are cut short")
+    for i in range(at, at + later):
+        if raw[i] == GAP_ESCAPE:
+            n_escapes += 1
+    extras, end = read_varints(raw, at + later, n_escapes)
+    if end != size:
+        raise ValueError("bytes after the entry gaps")
+    cdef const int64_t[::1] ve = extras
+    for i in range(n_escapes):
+        if ve[i] >= ENTRY_LIMIT:
+            raise ValueError("an entry gap beyond 32 bits")
+    values = np.empty(total, dtype=np.uint32)
+    bounds = np.empty(groups + 1, dtype=np.int64)
+    cdef uint32_t[::1] vv = values
+    cdef int64_t[::1] vb = bounds
+    cdef Py_ssize_t out = 0
+    vb[0] = 0
+    for g in range(groups):
+        value = <uint64_t> vf[g]
+        vv[out] = <uint32_t> value
+        out += 1
+        for i in range(vc[g] - 1):
+            if raw[at] == GAP_ESCAPE:
+                value += GAP_ESCAPE + 1 + <uint64_t> ve[k]
+                k += 1
+            else:
+                value += raw[at] + 1
+            at += 1
+            if value >= <uint64_t> ENTRY_LIMIT:
+                raise ValueError("an entry id beyond 32 bits")
+            vv[out] = <uint32_t> value
+            out += 1
+        vb[g + 1] = out
+    return values, bounds
+
+
 def murmur3_32(const uint8_t[::1] data not None, uint32_t seed) -> int:
     """MurmurHash3 x86_32 of ``data`` (equals ``mmh3.hash(data, seed, signed=False)``)."""
     return di_murmur3_32(&data[0] if data.shape[0] else NULL, data.shape[0], seed)

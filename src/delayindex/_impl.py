@@ -57,6 +57,7 @@ CODEC_KERNELS = (
     "roaring_entries",
     "roaring_union_by_ledger",
     "roaring_write_block",
+    "unpack_entry_gaps",
     "unpack_segment_times",
 )
 
@@ -106,6 +107,7 @@ if TYPE_CHECKING:
         roaring_entries,
         roaring_union_by_ledger,
         roaring_write_block,
+        unpack_entry_gaps,
         unpack_segment_times,
     )
     from delayindex._pure.core import TrackerCore
@@ -155,6 +157,7 @@ else:
     roaring_entries = _kernels.roaring_entries
     roaring_union_by_ledger = _kernels.roaring_union_by_ledger
     roaring_write_block = _kernels.roaring_write_block
+    unpack_entry_gaps = _kernels.unpack_entry_gaps
     unpack_segment_times = _kernels.unpack_segment_times
 
 
@@ -199,6 +202,7 @@ __all__ = [
     "roaring_union_by_ledger",
     "roaring_write_block",
     "sorted_positions",
+    "unpack_entry_gaps",
     "unpack_segment_times",
     "wall_clock_ms",
 ]

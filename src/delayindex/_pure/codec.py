@@ -28,6 +28,8 @@ from delayindex._pure._batch import (
 from delayindex._sortkeys import position_order, stable_order, stable_order_int64
 
 Int64Array = npt.NDArray[np.int64]
+_GAP_ESCAPE = 255  # format 6: a step byte that says the gap is in the escapes stream
+_GAP_ENTRY_LIMIT = 2**32  # entry ids are those of 32-bit roaring bitmaps
 
 
 def roaring_entries(data: bytes) -> npt.NDArray[np.uint32]:
@@ -170,6 +172,52 @@ def read_varints(data: bytes, start: int, count: int) -> tuple[Int64Array, int]:
     place = np.arange(end) - np.repeat(starts, lengths)
     bits = (raw[:end] & 0x7F).astype(np.uint64) << (7 * place).astype(np.uint64)
     return np.add.reduceat(bits, starts).astype(np.int64), start + end
+
+
+def unpack_entry_gaps(
+    raw: bytes, start: int, groups: int
+) -> tuple[npt.NDArray[np.uint32], Int64Array]:
+    """Format 6's entry gaps (``delayindex.snapshot._gaps``): the ``groups`` (segment, ledger)
+    entry sets whose streams begin at ``raw[start]`` and end at its end, as ``(values,
+    bounds)``, group ``g`` being ``values[bounds[g]:bounds[g + 1]]`` (uint32, int64).
+    ValueError unless the streams are exactly well-formed."""
+    cards, at = read_varints(raw, start, groups)
+    if groups and int(cards.min()) < 1:
+        raise ValueError("a (segment, ledger) holds no entry")
+    if groups and int(cards.max()) > len(raw):  # each later entry takes a byte at least
+        raise ValueError("a (segment, ledger) holds more entries than the part has bytes")
+    firsts, at = read_varints(raw, at, groups)
+    if groups and int(firsts.max()) >= _GAP_ENTRY_LIMIT:
+        raise ValueError("an entry id beyond 32 bits")
+    total = int(cards.sum())
+    later = total - groups
+    if len(raw) - at < later:
+        raise ValueError("the entry gaps are cut short")
+    steps = np.frombuffer(raw, dtype=np.uint8, count=later, offset=at).astype(np.int64)
+    at += later
+    escaped = np.flatnonzero(steps == _GAP_ESCAPE)
+    extra, at = read_varints(raw, at, len(escaped))
+    if at != len(raw):
+        raise ValueError("bytes after the entry gaps")
+    if len(extra) and int(extra.max()) >= _GAP_ENTRY_LIMIT:
+        raise ValueError("an entry gap beyond 32 bits")
+    steps += 1
+    steps[escaped] += extra
+    bounds = np.zeros(groups + 1, dtype=np.int64)
+    np.cumsum(cards, out=bounds[1:])
+    gaps = np.empty(total, dtype=np.int64)
+    heads = bounds[:-1]
+    is_later = np.ones(total, dtype=np.bool_)
+    is_later[heads] = False
+    gaps[is_later] = steps
+    gaps[heads] = firsts
+    # A running sum restarting at each group. No int64 overflow for any part a reader
+    # accepts (under 2**30 bytes): a first or a gap of 2**k takes k / 7 of its bytes.
+    running = np.cumsum(gaps)
+    values = running - np.repeat(running[heads] - firsts, cards)
+    if total and int(values.max()) >= _GAP_ENTRY_LIMIT:
+        raise ValueError("an entry id beyond 32 bits")
+    return values.astype(np.uint32), bounds
 
 
 def murmur3_32(data: bytes | bytearray | memoryview, seed: int) -> int:

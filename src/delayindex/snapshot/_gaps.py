@@ -19,8 +19,11 @@ byte left over), so a part that does not decode raises ValueError. The reader re
 roaring bitmaps the writer started from (``roaring_write_block``, the writer's own bytes), so
 everything downstream of a decode reads the block format 5 would have given it.
 
-Invariants: both functions are vectorized (numpy passes, no loop per entry) and are the one
-place the rule lives; entries ascend strictly within each (segment, ledger).
+Invariants: this module is where the rule lives. Writing is vectorized numpy (no loop per
+entry); reading is on every open bucket's path, so it is a codec kernel with two twins
+(``unpack_entry_gaps`` in ``cython/delayindex/_codec_decode.pxi`` and
+``delayindex._pure.codec``, held to each other by ``tests/test_codec_gaps.py``). Entries ascend
+strictly within each (segment, ledger).
 """
 
 from __future__ import annotations
@@ -33,9 +36,7 @@ from delayindex import _impl
 Int64Array = npt.NDArray[np.int64]
 UInt32Array = npt.NDArray[np.uint32]
 
-_ESCAPE = 255
-#: Entry ids are those of 32-bit roaring bitmaps.
-_ENTRY_LIMIT = 2**32
+_ESCAPE = 255  # a step byte that says: the gap is in the escapes stream
 
 
 def pack_varints(values: npt.ArrayLike) -> bytes:
@@ -85,41 +86,6 @@ def pack_entry_gaps(values: UInt32Array, cards: Int64Array) -> bytes:
 def unpack_entry_gaps(raw: bytes, start: int, groups: int) -> tuple[UInt32Array, Int64Array]:
     """The ``groups`` (segment, ledger) entry sets whose streams begin at ``raw[start]`` and
     end at its end: ``(values, bounds)``, group ``g`` being ``values[bounds[g]:bounds[g + 1]]``
-    (``ValueError`` unless the streams are exactly well-formed)."""
-    cards, at = _impl.read_varints(raw, start, groups)
-    if groups and int(cards.min()) < 1:
-        raise ValueError("a (segment, ledger) holds no entry")
-    if groups and int(cards.max()) > len(raw):  # each later entry takes a byte at least
-        raise ValueError("a (segment, ledger) holds more entries than the part has bytes")
-    firsts, at = _impl.read_varints(raw, at, groups)
-    if groups and int(firsts.max()) >= _ENTRY_LIMIT:
-        raise ValueError("an entry id beyond 32 bits")
-    total = int(cards.sum())
-    later = total - groups
-    if len(raw) - at < later:
-        raise ValueError("the entry gaps are cut short")
-    steps = np.frombuffer(raw, dtype=np.uint8, count=later, offset=at).astype(np.int64)
-    at += later
-    escaped = np.flatnonzero(steps == _ESCAPE)
-    extra, at = _impl.read_varints(raw, at, len(escaped))
-    if at != len(raw):
-        raise ValueError("bytes after the entry gaps")
-    if len(extra) and int(extra.max()) >= _ENTRY_LIMIT:
-        raise ValueError("an entry gap beyond 32 bits")
-    steps += 1
-    steps[escaped] += extra
-    bounds = np.zeros(groups + 1, dtype=np.int64)
-    np.cumsum(cards, out=bounds[1:])
-    gaps = np.empty(total, dtype=np.int64)
-    heads = bounds[:-1]
-    is_later = np.ones(total, dtype=np.bool_)
-    is_later[heads] = False
-    gaps[is_later] = steps
-    gaps[heads] = firsts
-    # A running sum restarting at each group. No int64 overflow: a part holds under 2**30
-    # bytes, and a first or a gap of 2**k takes k / 7 of them.
-    running = np.cumsum(gaps)
-    values = running - np.repeat(running[heads] - firsts, cards)
-    if total and int(values.max()) >= _ENTRY_LIMIT:
-        raise ValueError("an entry id beyond 32 bits")
-    return values.astype(np.uint32), bounds
+    (``ValueError`` unless the streams are exactly well-formed). The reading half of the rule
+    is a kernel with two twins (``_impl.unpack_entry_gaps``): one pass in C, or numpy passes."""
+    return _impl.unpack_entry_gaps(raw, start, groups)
