@@ -26,16 +26,6 @@ from delayindex._pure import codec as pure
 from delayindex.errors import SnapshotCorruptError
 from delayindex.snapshot import codec
 from delayindex.snapshot._gaps import pack_entry_gaps, pack_varints, unpack_entry_gaps
-from delayindex.snapshot.codec import (
-    FLAG_SPLIT,
-    FLAG_ZSTD,
-    decode_metadata,
-    decode_segments,
-    decode_snapshot,
-    encode_snapshot,
-    pack_object,
-    split_object,
-)
 from delayindex.snapshot.format import (
     FORMAT_VERSION,
     GAPS_FORMAT_VERSION,
@@ -213,41 +203,41 @@ def _realistic(version: int = FORMAT_VERSION) -> tuple[SnapshotMetadata, list[An
         built.start_ledger, built.end_ledger, built.mins, built.maxs, built.counts,
         built.ledger_offsets, built.ledgers, built.block, version,
     )  # fmt: skip
-    return metadata, list(segments), encode_snapshot(metadata, list(segments))
+    return metadata, list(segments), codec.encode_snapshot(metadata, list(segments))
 
 
 def test_format_6_is_written_and_decodes_to_the_same_bitmaps_as_format_5() -> None:
     assert FORMAT_VERSION == GAPS_FORMAT_VERSION
     new, _, data = _realistic()
     old, _, old_data = _realistic(LEDGERS_APART_FORMAT_VERSION)
-    got, got_segments = decode_snapshot(data, NAME)
+    got, got_segments = codec.decode_snapshot(data, NAME)
     assert got.format_version == GAPS_FORMAT_VERSION and got == new
     assert got.block.blob == old.block.blob and np.array_equal(got.block.offsets, old.block.offsets)
-    assert decode_snapshot(old_data, NAME)[0].format_version == LEDGERS_APART_FORMAT_VERSION
-    assert encode_snapshot(got, list(got_segments)) == data  # re-encodes as itself
+    assert codec.decode_snapshot(old_data, NAME)[0].format_version == LEDGERS_APART_FORMAT_VERSION
+    assert codec.encode_snapshot(got, list(got_segments)) == data  # re-encodes as itself
     assert len(data) < 0.9 * len(old_data)
 
 
 def test_a_first_segment_read_decodes_the_positions_whole() -> None:
     metadata, _, data = _realistic()
-    _, framed = split_object(data, NAME)
-    lazy = decode_metadata(framed[0], NAME, check_bitmaps=False)
+    _, framed = codec.split_object(data, NAME)
+    lazy = codec.decode_metadata(framed[0], NAME, check_bitmaps=False)
     assert not lazy.bitmaps_loaded  # an open reads the columns only
-    got = decode_segments(framed[1:2], lazy, 1, NAME)
+    got = codec.decode_segments(framed[1:2], lazy, 1, NAME)
     assert lazy.bitmaps_loaded
-    want = decode_segments(framed[1:2], metadata, 1, NAME)
+    want = codec.decode_segments(framed[1:2], metadata, 1, NAME)
     for column in ("times", "ledgers", "entries", "bounds"):
         assert np.array_equal(getattr(got, column), getattr(want, column)), column
 
 
 def _with_part(data: bytes, part: bytes) -> bytes:
     """``data`` with its metadata's positions part replaced by ``part`` (checksums valid)."""
-    _, entries = split_object(data, NAME)
+    _, entries = codec.split_object(data, NAME)
     flags, payload = entries[0][0], entries[0][1:-4]
     length, start = codec._get_varint(payload, 0, len(payload))
-    packed = zstandard.ZstdCompressor().compress(part) if flags & FLAG_ZSTD else part
+    packed = zstandard.ZstdCompressor().compress(part) if flags & codec.FLAG_ZSTD else part
     entries[0] = codec._frame(0, flags, payload[: start + length] + packed)
-    return pack_object(entries)
+    return codec.pack_object(entries)
 
 
 def _parts_of(metadata: SnapshotMetadata) -> tuple[bytes, list[int], list[int], bytes, list[int]]:
@@ -269,7 +259,7 @@ def test_damaged_gap_streams_behind_a_valid_checksum_are_corrupt() -> None:
     keeps the layout (other valid positions) is what the entry's checksum is for: the damage
     campaign flips every byte of a stored object."""
     metadata, _, data = _realistic()
-    assert split_object(data, NAME)[1][0][0] == FLAG_ZSTD | FLAG_SPLIT
+    assert codec.split_object(data, NAME)[1][0][0] == codec.FLAG_ZSTD | codec.FLAG_SPLIT
     ledgers, cards, firsts, steps, escapes = _parts_of(metadata)
     assert ledgers + _streams(cards, firsts, steps, escapes) == codec._positions_part(metadata)
     i = next(k for k, c in enumerate(cards) if c >= 2)  # a (segment, ledger) with a gap
@@ -292,9 +282,9 @@ def test_damaged_gap_streams_behind_a_valid_checksum_are_corrupt() -> None:
         part = streams if what in ("the gaps cut off", "a ledger column cut") else ledgers + streams
         damaged = _with_part(data, part)
         with pytest.raises(SnapshotCorruptError, match=NAME):
-            decode_snapshot(damaged, NAME)
-        _, framed = split_object(damaged, NAME)
-        lazy = decode_metadata(framed[0], NAME, check_bitmaps=False)  # the columns are sound
+            codec.decode_snapshot(damaged, NAME)
+        _, framed = codec.split_object(damaged, NAME)
+        lazy = codec.decode_metadata(framed[0], NAME, check_bitmaps=False)  # the columns are sound
         with pytest.raises(SnapshotCorruptError, match=NAME):
             lazy.block  # noqa: B018
         assert what
@@ -310,4 +300,4 @@ def test_a_position_in_two_segments_through_the_gaps_is_corrupt() -> None:
     moved = [*firsts[:b], firsts[a], *firsts[b + 1 :]]
     damaged = _with_part(data, ledgers + _streams(cards, moved, steps, escapes))
     with pytest.raises(SnapshotCorruptError, match=f"{NAME}.*in two segments"):
-        decode_snapshot(damaged, NAME)
+        codec.decode_snapshot(damaged, NAME)

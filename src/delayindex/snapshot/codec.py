@@ -54,7 +54,7 @@ from delayindex.errors import SnapshotCorruptError
 from delayindex.model import MAX_LEDGER_ID
 from delayindex.pb import snapshot_pb2
 from delayindex.snapshot._gaps import pack_entry_gaps
-from delayindex.snapshot._gaps import pack_varints as pack_varints  # its public home
+from delayindex.snapshot._gaps import pack_varints as pack_varints  # re-exported: used from here
 from delayindex.snapshot._parts import decompress, deferred_bitmaps, ledger_columns, positions_part
 from delayindex.snapshot.blocks import BitmapBlock, DeferredBlock, LazyPositions
 from delayindex.snapshot.format import (
