@@ -25,7 +25,7 @@ from delayindex import _impl
 from delayindex._pure import codec as pure
 from delayindex.errors import SnapshotCorruptError
 from delayindex.snapshot import codec
-from delayindex.snapshot._gaps import pack_entry_gaps, pack_varints, unpack_entry_gaps
+from delayindex.snapshot._gaps import pack_entry_gaps, pack_varints
 from delayindex.snapshot.format import (
     FORMAT_VERSION,
     GAPS_FORMAT_VERSION,
@@ -69,7 +69,7 @@ def _native() -> Any:
 def test_gap_streams_round_trip(groups: list[set[int]]) -> None:
     values, bounds = _groups_arrays(groups)
     raw = b"\x07prefix" + pack_entry_gaps(values, np.diff(bounds))
-    for unpack in (unpack_entry_gaps, _native().unpack_entry_gaps, pure.unpack_entry_gaps):
+    for unpack in (_impl.unpack_entry_gaps, _native().unpack_entry_gaps, pure.unpack_entry_gaps):
         got_values, got_bounds = unpack(raw, 7, len(groups))
         assert got_values.dtype == np.uint32 and got_values.tolist() == values.tolist()
         assert got_bounds.dtype == np.int64 and got_bounds.tolist() == bounds.tolist()
@@ -187,7 +187,7 @@ def test_malformed_gap_streams_are_refused(raw: bytes, groups: int, match: str) 
 
 def test_an_escaped_gap_is_exact() -> None:
     raw = _streams([3], [10], b"\x00\xff", [1])  # gaps 1 and 257
-    values, bounds = unpack_entry_gaps(raw, 0, 1)
+    values, bounds = _impl.unpack_entry_gaps(raw, 0, 1)
     assert values.tolist() == [10, 11, 268] and bounds.tolist() == [0, 3]
     assert pack_entry_gaps(values, np.diff(bounds)) == raw
 

@@ -28,7 +28,9 @@ from delayindex._pure._batch import (
 from delayindex._sortkeys import position_order, stable_order, stable_order_int64
 
 Int64Array = npt.NDArray[np.int64]
-_GAP_ESCAPE = 255  # format 6: a step byte that says the gap is in the escapes stream
+#: Format 6's entry gaps: a step byte that says the gap is in the escapes stream (the writer,
+#: ``delayindex.snapshot._gaps``, uses this one too).
+GAP_ESCAPE = 255
 _GAP_ENTRY_LIMIT = 2**32  # entry ids are those of 32-bit roaring bitmaps
 
 
@@ -195,7 +197,7 @@ def unpack_entry_gaps(
         raise ValueError("the entry gaps are cut short")
     steps = np.frombuffer(raw, dtype=np.uint8, count=later, offset=at).astype(np.int64)
     at += later
-    escaped = np.flatnonzero(steps == _GAP_ESCAPE)
+    escaped = np.flatnonzero(steps == GAP_ESCAPE)
     extra, at = read_varints(raw, at, len(escaped))
     if at != len(raw):
         raise ValueError("bytes after the entry gaps")

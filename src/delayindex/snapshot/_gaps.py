@@ -13,7 +13,7 @@ columns, four streams back to back (all integers unsigned LEB128 varints unless 
 - *escapes*: per escape byte, in order, the gap minus 256.
 
 Nothing follows. Bytes of one kind sit together, so that zstd's entropy coder sees one
-distribution at a time. :func:`unpack_entry_gaps` inverts it exactly and checks every rule
+distribution at a time. The ``unpack_entry_gaps`` kernel inverts it exactly and checks every rule
 (counts at least 1, ids below 2**32 as in the bitmaps, as many escapes as escape bytes, no
 byte left over), so a part that does not decode raises ValueError. The reader rebuilds the same
 roaring bitmaps the writer started from (``roaring_write_block``, the writer's own bytes), so
@@ -31,12 +31,10 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from delayindex import _impl
+from delayindex._pure.codec import GAP_ESCAPE
 
 Int64Array = npt.NDArray[np.int64]
 UInt32Array = npt.NDArray[np.uint32]
-
-_ESCAPE = 255  # a step byte that says: the gap is in the escapes stream
 
 
 def pack_varints(values: npt.ArrayLike) -> bytes:
@@ -73,19 +71,11 @@ def pack_entry_gaps(values: UInt32Array, cards: Int64Array) -> bytes:
     gaps = np.diff(v, prepend=np.int64(0))[later]
     if len(gaps) and int(gaps.min()) < 1:
         raise ValueError("entries do not ascend within a (segment, ledger)")
-    escaped = gaps > _ESCAPE
-    steps = np.where(escaped, _ESCAPE, gaps - 1).astype(np.uint8)
+    escaped = gaps > GAP_ESCAPE
+    steps = np.where(escaped, GAP_ESCAPE, gaps - 1).astype(np.uint8)
     return (
         pack_varints(counts)
         + pack_varints(v[starts])
         + steps.tobytes()
-        + pack_varints(gaps[escaped] - (_ESCAPE + 1))
+        + pack_varints(gaps[escaped] - (GAP_ESCAPE + 1))
     )
-
-
-def unpack_entry_gaps(raw: bytes, start: int, groups: int) -> tuple[UInt32Array, Int64Array]:
-    """The ``groups`` (segment, ledger) entry sets whose streams begin at ``raw[start]`` and
-    end at its end: ``(values, bounds)``, group ``g`` being ``values[bounds[g]:bounds[g + 1]]``
-    (``ValueError`` unless the streams are exactly well-formed). The reading half of the rule
-    is a kernel with two twins (``_impl.unpack_entry_gaps``): one pass in C, or numpy passes."""
-    return _impl.unpack_entry_gaps(raw, start, groups)

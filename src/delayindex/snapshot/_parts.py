@@ -29,7 +29,6 @@ import zstandard
 
 from delayindex import _impl
 from delayindex.errors import SnapshotCorruptError
-from delayindex.snapshot._gaps import unpack_entry_gaps
 from delayindex.snapshot.blocks import BitmapBlock, BlockLike, DeferredBlock, LazyPositions
 
 _T = TypeVar("_T")
@@ -205,7 +204,7 @@ def gap_block(
     columns ``ledger_offsets``), rebuilt as the writer's bytes; ``ValueError`` unless each
     segment's bitmaps hold its count of ``counts``."""
     pairs = int(ledger_offsets[-1])
-    values, bounds = unpack_entry_gaps(raw, start, pairs)
+    values, bounds = _impl.unpack_entry_gaps(raw, start, pairs)
     held = np.add.reduceat(np.diff(bounds), ledger_offsets[:-1]) if pairs else bounds[:0]
     if not np.array_equal(held, counts):
         raise ValueError("the entry gaps do not hold the segment counts")

@@ -336,9 +336,8 @@ class SnapshotMetadata:
         """Bytes its columns, bitmaps and folded cancels hold (what a cache of it costs; bitmaps
         not yet decoded count as their compressed frame)."""
         columns = (self.mins, self.maxs, self.counts, self._ledger_offsets, self._ledgers)
-        held = sum(
-            c.nbytes for c in columns if c is not None
-        )  # a format 5 or 6 part counts its own
+        # A format 5 or 6 part counts its own columns until they are decoded.
+        held = sum(c.nbytes for c in columns if c is not None)
         return held + self._bitmaps.nbytes + len(self.folded_cancels)
 
     @property
